@@ -1,0 +1,173 @@
+"""Reference speculative generation loop: prefill, then rounds of draft -> verify -> accept.
+
+Each round drafts g <= B - 1 tokens after the row's *anchor* (its last committed token, not yet in
+the target cache), verifies the g + 1 block tokens in ONE target forward, commits the accepted
+prefix plus the bonus token, and crops both caches to the committed tokens. Rows are ragged: they
+differ in prompt length, accepted length and finish time; finished rows leave the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
+from .errors import require
+from .metrics import AggregateMetrics, RequestMetrics
+from .proposers import Proposer
+from .sampling import SamplingParams, pick_tokens, sampling_probs
+from .target import TargetRunner
+from .verify import verify_greedy, verify_rejection
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # generated ids per request (prompt excluded, stop token included)
+    metrics: AggregateMetrics
+
+
+def validate_request(prompts: list[list[int]], max_new_tokens: int, block_size: int,
+                     vocab_size: int, max_positions: int) -> None:
+    require(len(prompts) >= 1, "prompts", "at least one prompt is required")
+    require(MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE, "block_size",
+            f"must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {block_size}")
+    require(max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {max_new_tokens}")
+    for i, p in enumerate(prompts):
+        require(len(p) >= 1, "prompt", f"prompt {i} is empty")
+        require(len(p) < max_positions, "prompt",
+                f"prompt {i} has {len(p)} tokens; the model has {max_positions} positions")
+        require(len(p) + max_new_tokens <= max_positions, "max_new_tokens",
+                f"prompt {i} ({len(p)} tokens) + max_new_tokens={max_new_tokens} exceeds the "
+                f"model's {max_positions} positions")
+        bad = [t for t in p if not 0 <= t < vocab_size]
+        require(not bad, "prompt", f"token ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    valid = torch.zeros(len(prompts), width, dtype=torch.bool, device=device)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, device=device)
+        valid[i, width - len(p):] = True
+    return ids, valid
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: torch.nn.Module,  # Hugging Face causal LM
+    proposer: Proposer,
+    prompts: list[list[int]],
+    *,
+    block_size: int = 16,
+    max_new_tokens: int = 128,
+    params: SamplingParams = SamplingParams(),
+    stop_token_ids: tuple[int, ...] = (),
+) -> GenerationResult:
+    cfg = target.config
+    validate_request(prompts, max_new_tokens, block_size, cfg.vocab_size,
+                     cfg.max_position_embeddings)
+    device = target.get_input_embeddings().weight.device
+    gen = torch.Generator(device=device)
+    gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+    stops = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long, device=device)
+    agg = AggregateMetrics([RequestMetrics(prompt_tokens=len(p)) for p in prompts])
+    out: list[list[int]] = [[] for _ in prompts]
+    t_start = time.perf_counter()
+
+    runner = TargetRunner(target, proposer.layer_ids)
+    ids, valid = _left_pad(prompts, getattr(cfg, "pad_token_id", None) or 0, device)
+    logits, feats = runner.prefill(ids, valid)
+    first = pick_tokens(logits[:, -1], params, gen)  # [batch]
+    proposer.start(runner, feats, (valid.long().cumsum(-1) - 1).clamp_min(0), valid)
+    _sync(device)
+    agg.prefill_seconds = time.perf_counter() - t_start
+
+    rows = list(range(len(prompts)))  # request index of each live batch row
+    anchor = first
+    anchor_pos = torch.tensor([len(p) for p in prompts], device=device)
+    for r, tok in zip(rows, first.tolist()):
+        out[r].append(tok)
+
+    while True:
+        done = _finished_rows(out, rows, stops, max_new_tokens, agg)
+        if done:
+            keep = torch.tensor([i for i in range(len(rows)) if i not in done], device=device)
+            if keep.numel() == 0:
+                break
+            rows = [rows[i] for i in keep.tolist()]
+            runner.select_rows(keep)
+            proposer.select_rows(keep)
+            anchor, anchor_pos = anchor[keep], anchor_pos[keep]
+        remaining = [max_new_tokens - len(out[r]) for r in rows]
+        g = min(block_size - 1, max(remaining) - 1)
+
+        t0 = time.perf_counter()
+        if g > 0:
+            draft, q = proposer.propose(anchor, anchor_pos, g, params, gen)
+        else:
+            draft, q = anchor.new_zeros(len(rows), 0), None
+        _sync(device)
+        t1 = time.perf_counter()
+        block = torch.cat([anchor[:, None], draft], dim=1)  # [batch, g + 1]
+        positions = anchor_pos[:, None] + torch.arange(g + 1, device=device)
+        logits, feats = runner.verify(block, positions)
+        if params.greedy:
+            accepted, bonus = verify_greedy(draft, logits)
+        else:
+            accepted, bonus = verify_rejection(draft, q, sampling_probs(logits, params), gen)
+        new_tokens = torch.cat([draft, bonus[:, None]], dim=1)  # bonus lands at index accepted
+        new_tokens.scatter_(1, accepted[:, None], bonus[:, None])
+        produced = _commit_tokens(new_tokens.tolist(), accepted.tolist(), remaining, stops, out,
+                                  rows, agg, g)
+        produced_t = torch.tensor(produced, device=device)
+        keep_slots = torch.arange(g + 1, device=device)[None, :] < produced_t[:, None]
+        runner.commit(keep_slots)
+        proposer.observe(feats, positions, keep_slots)
+        last = produced_t - 1
+        anchor = new_tokens.gather(1, last[:, None])[:, 0]
+        anchor_pos = anchor_pos + produced_t
+        _sync(device)
+        agg.draft_seconds += t1 - t0
+        agg.verify_seconds += time.perf_counter() - t1
+
+    agg.total_seconds = time.perf_counter() - t_start
+    return GenerationResult(tokens=out, metrics=agg)
+
+
+def _commit_tokens(new_tokens, accepted, remaining, stops, out, rows, agg, g) -> list[int]:
+    """Append each row's accepted drafts + bonus, capped by max_new_tokens and cut after the first
+    stop token. Returns the number of tokens each row committed."""
+    stop_set = set(stops.tolist())
+    produced = []
+    for i, r in enumerate(rows):
+        toks = new_tokens[i][: accepted[i] + 1][: remaining[i]]
+        for j, t in enumerate(toks):
+            if t in stop_set:
+                toks = toks[: j + 1]
+                break
+        out[r].extend(toks)
+        agg.requests[r].record_round(len(toks), g, accepted[i])
+        produced.append(len(toks))
+    return produced
+
+
+def _finished_rows(out, rows, stops, max_new_tokens, agg) -> set[int]:
+    stop_set = set(stops.tolist())
+    done = set()
+    for i, r in enumerate(rows):
+        m = agg.requests[r]
+        m.new_tokens = len(out[r])
+        if out[r] and out[r][-1] in stop_set:
+            m.stop_reason = "stop"
+            done.add(i)
+        elif len(out[r]) >= max_new_tokens:
+            done.add(i)
+    return done

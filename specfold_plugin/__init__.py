@@ -1,0 +1,1 @@
+"""SpecFold: residual-gated folded verification on top of Spiffy (not implemented yet)."""

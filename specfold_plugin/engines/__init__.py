@@ -1,0 +1,1 @@
+"""Engine adapters: the only modules that import an engine (lazily)."""

@@ -1,0 +1,1 @@
+"""Spiffy: lossless speculative decoding for block-diffusion LLMs (not implemented yet)."""
