@@ -11,7 +11,13 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import check_compatible, config_for_target, init_drafter, load_drafter, save_drafter
+from .checkpoint import (
+    check_compatible,
+    config_for_target,
+    init_drafter,
+    load_drafter,
+    save_drafter,
+)
 from .errors import ConfigError, require
 from .generate import speculative_generate
 from .proposers import DFlashProposer
@@ -26,6 +32,9 @@ def load_target(path: str, device: str, dtype: torch.dtype):
 
     require(Path(path, "config.json").is_file(), "--target", f"no config.json in {path}")
     tok = AutoTokenizer.from_pretrained(path)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     return model, tok
 

@@ -138,9 +138,8 @@ class DFlashConfig(BaseModel):
             "attention_bias": raw.get("attention_bias", False),
             "extra": {k: v for k, v in raw.items() if k not in _OWN_KEYS},
         }
-        fields["extra"]["dflash_config"] = {
-            k: v for k, v in dcfg.items() if k not in ("mask_token_id", "target_layer_ids", "block_size")
-        }
+        own = ("mask_token_id", "target_layer_ids", "block_size")
+        fields["extra"]["dflash_config"] = {k: v for k, v in dcfg.items() if k not in own}
         return _build(**fields)
 
     def to_dict(self) -> dict[str, Any]:

@@ -107,7 +107,9 @@ def speculative_generate(
             proposer.select_rows(keep)
             anchor, anchor_pos = anchor[keep], anchor_pos[keep]
         remaining = [max_new_tokens - len(out[r]) for r in rows]
-        g = min(block_size - 1, max(remaining) - 1)
+        # Same rule as the z-lab loop: draft up to the tokens still needed (the bonus may then be
+        # cut); the drafter sees the block length, so this choice changes its proposals.
+        g = min(block_size - 1, max(remaining))
 
         t0 = time.perf_counter()
         if g > 0:
