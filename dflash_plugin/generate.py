@@ -86,7 +86,7 @@ def speculative_generate(
     ids, valid = _left_pad(prompts, getattr(cfg, "pad_token_id", None) or 0, device)
     logits, feats = runner.prefill(ids, valid)
     first = pick_tokens(logits[:, -1], params, gen)  # [batch]
-    proposer.start(runner, feats, (valid.long().cumsum(-1) - 1).clamp_min(0), valid)
+    proposer.start(runner, ids, feats, (valid.long().cumsum(-1) - 1).clamp_min(0), valid)
     _sync(device)
     agg.prefill_seconds = time.perf_counter() - t_start
 
@@ -132,7 +132,7 @@ def speculative_generate(
         produced_t = torch.tensor(produced, device=device)
         keep_slots = torch.arange(g + 1, device=device)[None, :] < produced_t[:, None]
         runner.commit(keep_slots)
-        proposer.observe(feats, positions, keep_slots)
+        proposer.observe(block, feats, positions, keep_slots)
         last = produced_t - 1
         anchor = new_tokens.gather(1, last[:, None])[:, 0]
         anchor_pos = anchor_pos + produced_t

@@ -20,9 +20,10 @@ from .target import TargetRunner
 class Proposer(Protocol):
     layer_ids: tuple[int, ...]  # target layers whose outputs the proposer needs (may be empty)
 
-    def start(self, runner: TargetRunner, features: torch.Tensor | None,
+    def start(self, runner: TargetRunner, ids: torch.Tensor, features: torch.Tensor | None,
               positions: torch.Tensor, valid: torch.Tensor) -> None:
-        """Prompt context: features [batch, prompt, F], positions/valid [batch, prompt]."""
+        """Prompt context: ids/positions/valid [batch, prompt] (left-padded), features
+        [batch, prompt, F] or None."""
 
     def propose(self, anchor_ids: torch.Tensor, anchor_pos: torch.Tensor, g: int,
                 params: SamplingParams, generator: torch.Generator | None
@@ -30,9 +31,10 @@ class Proposer(Protocol):
         """anchor_ids/anchor_pos [batch] -> draft ids [batch, g], draft probs [batch, g, V] or
         None for a deterministic proposer."""
 
-    def observe(self, features: torch.Tensor | None, positions: torch.Tensor,
+    def observe(self, ids: torch.Tensor, features: torch.Tensor | None, positions: torch.Tensor,
                 keep: torch.Tensor) -> None:
-        """Newly committed target context: [batch, block, F], [batch, block], [batch, block]."""
+        """The verified block: ids/positions/keep [batch, block] (keep = committed to the target
+        cache), features [batch, block, F] or None."""
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows (finished rows leave)."""
@@ -44,7 +46,7 @@ class DFlashProposer:
         self.layer_ids = drafter.config.target_layer_ids
         self.mask_id = drafter.config.mask_token_id
 
-    def start(self, runner, features, positions, valid):
+    def start(self, runner, ids, features, positions, valid):
         self.runner = runner
         self.cache = DraftKVCache(len(self.drafter.layers))
         self.pending = (features, positions, valid)
@@ -66,7 +68,7 @@ class DFlashProposer:
         q = sampling_probs(logits, params)
         return sample_from(q, generator), q
 
-    def observe(self, features, positions, keep):
+    def observe(self, ids, features, positions, keep):
         self.pending = (features, positions, keep)
 
     def select_rows(self, rows):
@@ -88,7 +90,7 @@ class ScriptedProposer:
         self.rows = list(range(len(continuations)))
         self.vocab, self.shift = vocab, shift
 
-    def start(self, runner, features, positions, valid):
+    def start(self, runner, ids, features, positions, valid):
         self.rows = list(range(len(self.continuations)))
 
     def propose(self, anchor_ids, anchor_pos, g, params, generator):
@@ -100,7 +102,7 @@ class ScriptedProposer:
             out.append([(t + self.shift) % self.vocab for t in ref])
         return torch.tensor(out, dtype=torch.long, device=anchor_ids.device), None
 
-    def observe(self, features, positions, keep):
+    def observe(self, ids, features, positions, keep):
         pass
 
     def select_rows(self, rows):
