@@ -1,5 +1,5 @@
-"""`dflash` command line: `generate` (speculative generation with a drafter) and `init-draft`
-(a randomly initialised drafter for a target, saved in the z-lab format)."""
+"""`dflash` command line: `generate` (speculative generation with a drafter), `init-draft` (a
+randomly initialised drafter for a target, z-lab format), `make-data` and `train` (the recipe)."""
 
 from __future__ import annotations
 
@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--mask-token-id", type=int, default=None)
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=cmd_init_draft)
+    from .training.cli import add_parsers
+
+    add_parsers(sub, "cuda" if torch.cuda.is_available() else "cpu")
     return p
 
 

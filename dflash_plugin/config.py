@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
-from .errors import ConfigError, require
+from .errors import ConfigError, require, validated
 
 MIN_BLOCK_SIZE = 2
 MAX_BLOCK_SIZE = 64
@@ -184,16 +184,7 @@ class DFlashConfig(BaseModel):
 
 
 def _build(**fields: Any) -> DFlashConfig:
-    """Construct a config, turning pydantic's errors into a `ConfigError` naming the field."""
-    try:
-        return DFlashConfig(**fields)
-    except ValidationError as err:
-        first = err.errors()[0]
-        inner = (first.get("ctx") or {}).get("error")
-        if isinstance(inner, ConfigError):
-            raise inner from None
-        field = ".".join(str(p) for p in first["loc"]) or "config"
-        raise ConfigError(field, f"{first['msg']} (got {first.get('input')!r})") from None
+    return validated(DFlashConfig, **fields)
 
 
 def load_config(path: str | Path) -> DFlashConfig:

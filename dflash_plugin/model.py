@@ -100,7 +100,10 @@ class DFlashDraftModel(nn.Module):
         context_positions: torch.Tensor | None,  # [batch, ctx]
         context_valid: torch.Tensor | None,  # [batch, ctx] bool (padding = False)
         cache: DraftKVCache | None = None,  # when given, new context K/V are appended to it
+        attn_mask: torch.Tensor | None = None,  # [batch, 1, block, ctx + block] bool override
     ) -> torch.Tensor:  # [batch, block, hidden] final-normed hidden states
+        """Without `attn_mask` every block token sees all valid context and the whole block. The
+        training recipe packs many blocks into one call and passes its own mask instead."""
         b, s, _ = block_embeds.shape
         dtype = block_embeds.dtype
         block_rope = self._rope(block_positions, dtype)
@@ -114,8 +117,11 @@ class DFlashDraftModel(nn.Module):
         valid = cache.valid if cache is not None else context_valid
         if valid is None:  # no context at all
             valid = torch.zeros(b, 0, dtype=torch.bool, device=block_embeds.device)
-        key_mask = torch.cat([valid, valid.new_ones(b, s)], dim=1)[:, None, None, :]
-        key_mask = key_mask.expand(b, 1, s, key_mask.shape[-1])
+        if attn_mask is not None:
+            key_mask = attn_mask
+        else:
+            key_mask = torch.cat([valid, valid.new_ones(b, s)], dim=1)[:, None, None, :]
+            key_mask = key_mask.expand(b, 1, s, key_mask.shape[-1])
         h = block_embeds
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn

@@ -1,0 +1,208 @@
+"""Training loop of the DFlash recipe.
+
+One step: sample sequences, run the frozen target once to get context features, sample random
+anchors per sequence, and train all their blocks in one drafter forward under the packed block
+mask (`anchors.py`). Only the draft layers, `fc`, `hidden_norm` and `norm` train; the target's
+embedding and LM head are shared and frozen. Data order and anchors depend only on (seed, step),
+so a run resumed from a checkpoint continues exactly as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, field_validator
+from tqdm import tqdm
+
+from ..checkpoint import (
+    check_compatible,
+    config_for_target,
+    init_drafter,
+    load_drafter,
+    save_drafter,
+)
+from ..config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
+from ..errors import require
+from ..model import DFlashDraftModel
+from ..target import context_features
+from .anchors import block_inputs, block_mask, loss_weights, lr_at, sample_anchors
+from .data import TokenDataset
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    data: list[str]
+    out: str
+    num_layers: int = 1
+    block_size: int = 16
+    gamma: float = 7.0
+    num_anchors: int = 64
+    max_seq_len: int = 2048
+    batch_size: int = 8  # sequences per micro-step
+    grad_accum: int = 1
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    max_steps: int = 1000
+    time_budget_minutes: float | None = None  # fixes max_steps from the measured step time
+    steps_this_run: int | None = None  # stop early, resumable; the schedule spans max_steps
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    seed: int = 0
+    save_every: int = 500
+    log_every: int = 10
+    mask_token_id: int | None = None
+    init_from_target: bool = False  # copy the target's top layers into the draft layers
+    init_from: str | None = None  # start from an existing z-lab drafter (its config wins)
+
+    @field_validator("gamma")
+    @classmethod
+    def _gamma(cls, v):
+        require(v > 0, "gamma", f"must be > 0, got {v}")
+        return v
+
+    @field_validator("block_size")
+    @classmethod
+    def _block(cls, v):
+        require(MIN_BLOCK_SIZE <= v <= MAX_BLOCK_SIZE, "block_size",
+                f"must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {v}")
+        return v
+
+    @field_validator("num_layers", "num_anchors", "batch_size", "grad_accum", "max_steps")
+    @classmethod
+    def _positive(cls, v, info):
+        require(v >= 1, info.field_name, f"must be >= 1, got {v}")
+        return v
+
+
+def copy_target_layers(drafter: DFlashDraftModel, target) -> None:
+    """Initialise draft layer i from the target's layer L - n + i (same Qwen3 layer shapes)."""
+    layers = target.model.layers
+    n = len(drafter.layers)
+    with torch.no_grad():
+        for i, dl in enumerate(drafter.layers):
+            src = layers[len(layers) - n + i].state_dict()
+            dl.load_state_dict({k: v.float() for k, v in src.items()}, strict=False)
+
+
+def block_loss(drafter, target, ids, lengths, plens, anchors, cfg: TrainConfig, mask_id: int,
+               weights: torch.Tensor):
+    """Weighted block cross entropy of one micro-batch; also per-offset correct/total counts."""
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True)
+        feats = context_features(out.hidden_states, drafter.config.target_layer_ids)
+        block_ids, pos, labels, w = block_inputs(ids, lengths, anchors, cfg.block_size, mask_id,
+                                                 weights)
+        embeds = target.get_input_embeddings()(block_ids)
+        mask = block_mask(anchors, cfg.block_size, ids.shape[1])
+    ctx_pos = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
+    hidden = drafter(embeds, pos, feats, ctx_pos, None, None, attn_mask=mask)
+    keep = w > 0
+    logits = target.get_output_embeddings()(hidden[keep].to(embeds.dtype)).float()
+    ce = torch.nn.functional.cross_entropy(logits, labels[keep], reduction="none")
+    loss = (ce * w[keep]).sum() / w[keep].sum()
+    offs = torch.arange(ids.shape[0] * anchors.shape[1] * cfg.block_size,
+                        device=ids.device).view(w.shape) % cfg.block_size
+    correct = torch.zeros(cfg.block_size, device=ids.device).index_add_(
+        0, offs[keep], (logits.argmax(-1) == labels[keep]).float())
+    total = torch.zeros(cfg.block_size, device=ids.device).index_add_(
+        0, offs[keep], torch.ones_like(ce))
+    return loss, correct, total
+
+
+def _step_batch(ds: TokenDataset, cfg: TrainConfig, step: int, micro: int, device):
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 131 + micro)
+    idx = torch.randint(0, len(ds), (cfg.batch_size,), generator=gen).tolist()
+    ids, lengths, plens = ds.batch(idx, cfg.max_seq_len)
+    anchors = torch.stack([sample_anchors(int(p), int(n), cfg.num_anchors, gen)
+                           for p, n in zip(plens, lengths)])
+    return ids.to(device), lengths.to(device), plens.to(device), anchors.to(device)
+
+
+def train(cfg: TrainConfig, target, device: str | torch.device = "cpu") -> dict:
+    """Train (or resume) a drafter; returns the summary also written to `out/summary.json`."""
+    device = torch.device(device)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target.requires_grad_(False)
+    ds = TokenDataset(cfg.data, min_response=cfg.block_size)
+    mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else \
+        getattr(target.config, "mask_token_id", None)
+    if cfg.init_from:
+        drafter = load_drafter(cfg.init_from)
+        dcfg = drafter.config
+        mask_id = dcfg.mask_token_id
+    else:
+        dcfg = config_for_target(target.config, num_layers=cfg.num_layers,
+                                 block_size=cfg.block_size, mask_token_id=mask_id)
+        drafter = init_drafter(dcfg, seed=cfg.seed)
+    check_compatible(dcfg, target.config)
+    if cfg.init_from_target:
+        copy_target_layers(drafter, target)
+    drafter = drafter.to(device).train()
+    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+                            weight_decay=cfg.weight_decay)
+    state_file = out / "trainer_state.pt"
+    step, max_steps, history = 0, cfg.max_steps, []
+    if state_file.is_file():
+        state = torch.load(state_file, map_location=device)
+        drafter.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, max_steps, history = state["step"], state["max_steps"], state["history"]
+    weights = loss_weights(cfg.block_size, cfg.gamma).to(device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    t_start, tokens, last = time.perf_counter(), 0, {}
+    bar = tqdm(total=max_steps, initial=step, desc="train", unit="step")
+    stop_at = max_steps if cfg.steps_this_run is None else \
+        min(max_steps, step + cfg.steps_this_run)
+    while step < stop_at:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, max_steps, cfg.warmup_steps, cfg.lr, cfg.min_lr_ratio)
+        opt.zero_grad(set_to_none=True)
+        correct = total = 0
+        loss_sum = 0.0
+        for micro in range(cfg.grad_accum):
+            ids, lengths, plens, anchors = _step_batch(ds, cfg, step, micro, device)
+            with autocast:
+                loss, c, t = block_loss(drafter, target, ids, lengths, plens, anchors, cfg,
+                                        mask_id, weights)
+            (loss / cfg.grad_accum).backward()
+            loss_sum += loss.item() / cfg.grad_accum
+            correct, total = correct + c, total + t
+            tokens += int(lengths.sum())
+        grad_norm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.clip).item()
+        opt.step()
+        step += 1
+        history.append(loss_sum)
+        if cfg.time_budget_minutes and step == min(20, max_steps) and \
+                not state_file.is_file():
+            per_step = (time.perf_counter() - t_start) / step
+            max_steps = max(step, min(cfg.max_steps, int(cfg.time_budget_minutes * 60 / per_step)))
+            stop_at = min(stop_at, max_steps)
+            bar.total = max_steps
+        elapsed = time.perf_counter() - t_start
+        last = {"loss": loss_sum, "grad_norm": grad_norm,
+                "acc_per_offset": (correct / total.clamp_min(1)).tolist()}
+        bar.update(1)
+        if step % cfg.log_every == 0 or step == max_steps:
+            bar.set_postfix(loss=f"{loss_sum:.3f}", tok_s=f"{tokens / elapsed:,.0f}")
+        if step % cfg.save_every == 0 or step == stop_at:
+            torch.save({"model": drafter.state_dict(), "optimizer": opt.state_dict(),
+                        "step": step, "max_steps": max_steps, "history": history}, state_file)
+            save_drafter(drafter, out / f"checkpoint-{step}")
+    bar.close()
+    save_drafter(drafter, out)
+    tail = history[-50:]
+    summary = {
+        "steps": step, "max_steps": max_steps, "sequences": len(ds),
+        "final_loss": sum(tail) / max(1, len(tail)), "last_step": last,
+        "seconds_this_run": time.perf_counter() - t_start,
+        "tokens_per_second_this_run": tokens / max(1e-9, time.perf_counter() - t_start),
+        "config": cfg.model_dump(), "drafter": dcfg.to_dict(), "loss_history": history,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

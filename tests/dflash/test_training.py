@@ -1,0 +1,156 @@
+"""The training recipe: anchors, packed block mask, loss weights, a short run, exact resume."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from dflash_plugin.checkpoint import config_for_target, init_drafter, save_drafter
+from dflash_plugin.errors import ConfigError, validated
+from dflash_plugin.training.anchors import (
+    block_inputs,
+    block_mask,
+    loss_weights,
+    sample_anchors,
+)
+from dflash_plugin.training.data import TokenDataset, load_prompts_jsonl, save_shard
+from dflash_plugin.training.trainer import TrainConfig, train
+from tests.conftest import MASK_ID, greedy_reference, tiny_target
+
+
+def naive_mask(anchors, block_size, ctx_len):
+    a = len(anchors)
+    m = torch.zeros(a * block_size, ctx_len + a * block_size, dtype=torch.bool)
+    for q in range(a * block_size):
+        j = q // block_size
+        for c in range(ctx_len):
+            m[q, c] = anchors[j] >= 0 and c < anchors[j]
+        for k in range(a * block_size):
+            m[q, ctx_len + k] = (k // block_size) == j
+    return m
+
+
+def test_anchor_sampler():
+    gen = torch.Generator().manual_seed(0)
+    a = sample_anchors(10, 40, 8, gen)
+    assert a.tolist() == sorted(set(a.tolist())) and len(a) == 8
+    assert a.min() >= 10 and a.max() <= 38  # every anchor has at least one label
+    few = sample_anchors(10, 14, 8, gen)  # only 10, 11, 12 qualify
+    assert few.tolist() == [10, 11, 12, -1, -1, -1, -1, -1]
+    assert (sample_anchors(10, 11, 4, gen) == -1).all()
+    allpos = torch.cat([sample_anchors(5, 30, 6, gen) for _ in range(400)])
+    counts = torch.bincount(allpos, minlength=29)[5:29].float()
+    assert counts.min() > 0.6 * counts.mean()  # uniform over the response
+
+
+@pytest.mark.parametrize("block_size", [2, 4, 16])
+def test_block_mask_equals_naive(block_size):
+    anchors = torch.tensor([[3, 7, 12, -1], [0, 5, 6, 9]])
+    got = block_mask(anchors, block_size, 20)
+    for row in range(2):
+        assert torch.equal(got[row, 0], naive_mask(anchors[row].tolist(), block_size, 20))
+
+
+def test_loss_weights_formula():
+    w = loss_weights(16, 7.0)
+    assert w[0] == 0
+    for k in range(1, 16):
+        assert math.isclose(w[k].item(), math.exp(-(k - 1) / 7.0), rel_tol=1e-6)
+    with pytest.raises(ConfigError, match="gamma"):
+        loss_weights(16, 0.0)
+
+
+def test_block_inputs_mask_padding_and_anchor():
+    tokens = torch.tensor([[10, 11, 12, 13, 14, 15, 0, 0], [20, 21, 22, 23, 24, 25, 26, 27]])
+    lengths = torch.tensor([6, 8])
+    anchors = torch.tensor([[3, -1], [1, 5]])
+    w = loss_weights(4, 2.0)
+    ids, pos, labels, weights = block_inputs(tokens, lengths, anchors, 4, MASK_ID, w)
+    assert ids[0, :4].tolist() == [13, MASK_ID, MASK_ID, MASK_ID]
+    assert pos[1, 4:].tolist() == [5, 6, 7, 8]
+    assert labels[0, :4].tolist()[:3] == [13, 14, 15]
+    assert weights[0, 0] == 0  # the anchor itself
+    assert weights[0, 3] == 0  # position 6 is padding
+    assert (weights[0, 4:] == 0).all()  # inactive anchor
+    assert weights[1, 7] == 0  # position 8 is past the end
+    assert torch.allclose(weights[1, 1:4], w[1:4])
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    target = tiny_target("qwen3")
+    prompts = [[5 + i, 17 + i, 29 + i, 41 + i] for i in range(8)]
+    conts = greedy_reference(target, prompts, 48)
+    folder = tmp_path_factory.mktemp("data")
+    save_shard(folder / "shard-00000.pt", prompts[:4], conts[:4])
+    save_shard(folder / "shard-00001.pt", prompts[4:], conts[4:])
+    return target, folder
+
+
+def _cfg(folder, out, **kw):
+    base = dict(data=[str(folder)], out=str(out), num_layers=1, block_size=8, num_anchors=12,
+                batch_size=4, max_steps=30, warmup_steps=3, lr=1e-2, save_every=15,
+                mask_token_id=MASK_ID, log_every=5)
+    return validated(TrainConfig, **{**base, **kw})
+
+
+def test_dataset_reads_shards(tiny_data):
+    _, folder = tiny_data
+    ds = TokenDataset([folder], min_response=8)
+    assert len(ds) == 8
+    ids, lengths, plens = ds.batch([0, 5], max_len=30)
+    assert ids.shape == (2, 30) and plens.tolist() == [0, 0]  # cut from the left
+    ids, lengths, plens = ds.batch([0, 5], max_len=100)
+    assert lengths.tolist() == [52, 52] and plens.tolist() == [4, 4]
+
+
+def test_short_run_lowers_loss_and_writes_zlab(tiny_data, tmp_path):
+    target, folder = tiny_data
+    summary = train(_cfg(folder, tmp_path / "run"), target)
+    hist = summary["loss_history"]
+    assert sum(hist[-5:]) / 5 < 0.95 * sum(hist[:5]) / 5
+    raw = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert raw["architectures"] == ["DFlashDraftModel"] and raw["block_size"] == 8
+    assert (tmp_path / "run" / "checkpoint-15" / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 30
+
+
+def test_resume_is_exact(tiny_data, tmp_path):
+    target, folder = tiny_data
+    train(_cfg(folder, tmp_path / "full"), target)
+    train(_cfg(folder, tmp_path / "half", steps_this_run=15), target)  # interrupted at 15
+    state_file = tmp_path / "half" / "trainer_state.pt"
+    assert torch.load(state_file)["step"] == 15
+    train(_cfg(folder, tmp_path / "half"), target)  # picks up from the saved state
+    full = torch.load(tmp_path / "full" / "trainer_state.pt")["model"]
+    resumed = torch.load(state_file)["model"]
+    for name in full:
+        assert torch.equal(full[name], resumed[name]), name
+
+
+def test_bad_training_input(tiny_data, tmp_path):
+    target, folder = tiny_data
+    with pytest.raises(ConfigError, match="gamma"):
+        _cfg(folder, tmp_path, gamma=0)
+    with pytest.raises(ConfigError, match="block_size"):
+        train(_cfg(folder, tmp_path / "b", block_size=64), target)  # responses are 48 tokens
+    with pytest.raises(ConfigError, match="data"):
+        train(_cfg(tmp_path / "empty", tmp_path / "c"), target)
+    wide = tiny_target("qwen3")
+    cfg = config_for_target(wide.config, num_layers=1, block_size=8, mask_token_id=MASK_ID)
+    save_drafter(init_drafter(cfg.replace(hidden_size=32, head_dim=8)), tmp_path / "d")
+    with pytest.raises(ConfigError, match="hidden_size"):
+        train(_cfg(folder, tmp_path / "e", init_from=str(tmp_path / "d")), target)
+
+
+def test_prompts_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_prompts_jsonl(tmp_path / "none.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{oops\n')
+    with pytest.raises(ConfigError, match="bad.jsonl:2"):
+        load_prompts_jsonl(bad)
+    bad.write_text('{"text": "a"}\n')
+    with pytest.raises(ConfigError, match="'prompt'"):
+        load_prompts_jsonl(bad)
