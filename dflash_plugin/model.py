@@ -56,12 +56,9 @@ class DraftAttention(nn.Module):
         k_blk, v_blk = self.project_kv(x, rope)
         k = torch.cat([ctx_k, k_blk], dim=2)
         v = torch.cat([ctx_v, v_blk], dim=2)
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
-                                             scale=self.head_dim ** -0.5)
+                                             scale=self.head_dim ** -0.5,
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
@@ -136,3 +133,35 @@ class DFlashDraftModel(nn.Module):
             h = h + attn(layer.input_layernorm(h), block_rope, ctx_k, ctx_v, key_mask)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.norm(h)
+
+    def forward_packed(
+        self,
+        block_embeds: torch.Tensor,  # [batch, A * B, hidden] A blocks of B tokens per row
+        block_positions: torch.Tensor,  # [batch, A * B]
+        context: torch.Tensor,  # [batch, L, n_layers * hidden] target features of the row
+        anchors: torch.Tensor,  # [batch, A] long; -1 = inactive block
+    ) -> torch.Tensor:  # [batch, A * B, hidden]
+        """Training forward: block j of a row sees the row's context at positions < anchor_j and
+        its own B tokens, nothing of other blocks. Same result as `forward` with the dense
+        `training.anchors.block_mask`, but each block only attends over L + B keys."""
+        b, s, hidden = block_embeds.shape
+        a = anchors.shape[1]
+        bs = s // a
+        L = context.shape[1]
+        dtype = block_embeds.dtype
+        ctx_pos = torch.arange(L, device=context.device)[None].expand(b, L)
+        fused = self.fuse_context(context.to(dtype))
+        ctx_rope = self._rope(ctx_pos, dtype)
+        block_rope = self._rope(block_positions.reshape(b * a, bs), dtype)
+        visible = torch.arange(L, device=anchors.device)[None, None, :] < anchors[:, :, None]
+        key_mask = torch.cat([visible.reshape(b * a, 1, 1, L),
+                              visible.new_ones(b * a, 1, 1, bs)], dim=-1)
+        h = block_embeds.reshape(b * a, bs, hidden)
+        for layer in self.layers:
+            attn = layer.self_attn
+            ctx_k, ctx_v = attn.project_kv(fused, ctx_rope)  # [batch, kv_heads, L, head_dim]
+            ctx_k = ctx_k[:, None].expand(b, a, *ctx_k.shape[1:]).reshape(b * a, *ctx_k.shape[1:])
+            ctx_v = ctx_v[:, None].expand(b, a, *ctx_v.shape[1:]).reshape(b * a, *ctx_v.shape[1:])
+            h = h + attn(layer.input_layernorm(h), block_rope, ctx_k, ctx_v, key_mask)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.norm(h).reshape(b, s, hidden)

@@ -28,7 +28,7 @@ from ..config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from ..errors import require
 from ..model import DFlashDraftModel
 from ..target import context_features
-from .anchors import block_inputs, block_mask, loss_weights, lr_at, sample_anchors
+from .anchors import block_inputs, loss_weights, lr_at, sample_anchors
 from .data import TokenDataset
 
 
@@ -98,9 +98,7 @@ def block_loss(drafter, target, ids, lengths, plens, anchors, cfg: TrainConfig, 
         block_ids, pos, labels, w = block_inputs(ids, lengths, anchors, cfg.block_size, mask_id,
                                                  weights)
         embeds = target.get_input_embeddings()(block_ids)
-        mask = block_mask(anchors, cfg.block_size, ids.shape[1])
-    ctx_pos = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
-    hidden = drafter(embeds, pos, feats, ctx_pos, None, None, attn_mask=mask)
+    hidden = drafter.forward_packed(embeds, pos, feats, anchors)
     keep = w > 0
     logits = target.get_output_embeddings()(hidden[keep].to(embeds.dtype)).float()
     ce = torch.nn.functional.cross_entropy(logits, labels[keep], reduction="none")

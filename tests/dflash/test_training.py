@@ -154,3 +154,20 @@ def test_prompts_file_errors(tmp_path):
     bad.write_text('{"text": "a"}\n')
     with pytest.raises(ConfigError, match="'prompt'"):
         load_prompts_jsonl(bad)
+
+
+def test_packed_forward_equals_dense_block_mask(qwen3_target):
+    cfg = config_for_target(qwen3_target.config, num_layers=2, block_size=4, mask_token_id=MASK_ID)
+    drafter = init_drafter(cfg, seed=2, std=0.1)
+    gen = torch.Generator().manual_seed(0)
+    L, bs = 20, 4
+    anchors = torch.tensor([[3, 7, 12, -1], [0, 5, 6, 15]])
+    ctx = torch.randn(2, L, cfg.num_context_features, generator=gen)
+    emb = torch.randn(2, 4 * bs, 64, generator=gen)
+    pos = (anchors.clamp_min(0)[:, :, None] + torch.arange(bs)).reshape(2, -1)
+    ctx_pos = torch.arange(L)[None].expand(2, -1)
+    with torch.no_grad():
+        dense = drafter(emb, pos, ctx, ctx_pos, None, None,
+                        attn_mask=block_mask(anchors, bs, L))
+        packed = drafter.forward_packed(emb, pos, ctx, anchors)
+    torch.testing.assert_close(packed, dense, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,101 @@
+"""Acceptance length (tau) of drafters and prompt lookup on a prompt set, side by side.
+
+Every configuration runs the same prompts through the reference runtime in one process:
+    python benchmarks/acceptance.py --target DIR --drafter NAME=DIR ... --prompts FILE \
+        --max-new-tokens 256 --block-sizes 16 8 --temperatures 0 1 --out results.json
+Greedy rows are also checked for token identity against the prompt-lookup rows (all configs
+must produce the same text at temperature 0, since every one of them is lossless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from datetime import date
+
+import torch
+
+from dflash_plugin.checkpoint import check_compatible, load_drafter
+from dflash_plugin.cli import DTYPES, load_target, stop_ids
+from dflash_plugin.generate import speculative_generate
+from dflash_plugin.metrics import AggregateMetrics
+from dflash_plugin.ngram import NgramProposer
+from dflash_plugin.proposers import DFlashProposer
+from dflash_plugin.sampling import SamplingParams
+from dflash_plugin.training.data import load_prompts_jsonl
+
+
+def run(args) -> dict:
+    dtype = DTYPES[args.dtype]
+    model, tok = load_target(args.target, args.device, dtype)
+    prompts = [tok(p).input_ids for p in load_prompts_jsonl(args.prompts)][: args.limit]
+    drafters = {}
+    for spec in args.drafter:
+        name, path = spec.split("=", 1)
+        drafters[name] = load_drafter(path, args.device, dtype)
+        check_compatible(drafters[name].config, model.config)
+    stops = () if args.ignore_eos else stop_ids(model, tok)
+    rows, outputs = [], {}
+    for temp in args.temperatures:
+        for bs in args.block_sizes:
+            names = list(drafters) + (["ngram"] if args.ngram else [])
+            for name in names:
+                proposer = NgramProposer() if name == "ngram" else DFlashProposer(drafters[name])
+                params = SamplingParams(temperature=temp, seed=args.seed)
+                toks, requests = [], []
+                t0 = time.perf_counter()
+                for i in range(0, len(prompts), args.batch_size):
+                    res = speculative_generate(model, proposer, prompts[i:i + args.batch_size],
+                                               block_size=bs, max_new_tokens=args.max_new_tokens,
+                                               params=params, stop_token_ids=stops)
+                    toks += res.tokens
+                    requests += res.metrics.requests
+                agg = AggregateMetrics(requests)
+                tau = agg.tau
+                row = {"proposer": name, "block_size": bs, "temperature": temp,
+                       "tau": round(tau, 3), "tau_per_prompt": [round(r.tau, 3) for r in requests],
+                       "per_position_acceptance": [round(a, 4) for a in
+                                                   agg.per_position_acceptance],
+                       "new_tokens": agg.new_tokens, "rounds": agg.rounds,
+                       "wall_seconds": round(time.perf_counter() - t0, 2)}
+                rows.append(row)
+                outputs[(name, bs, temp)] = toks
+                print(f"T={temp} B={bs} {name:>10}: tau {tau:.3f}  ({row['wall_seconds']} s)",
+                      flush=True)
+    greedy = [v for (n, b, t), v in outputs.items() if t == 0]
+    identical = all(g == greedy[0] for g in greedy)
+    return {"date": str(date.today()), "machine": platform.node(), "device": args.device,
+            "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+            "dtype": args.dtype, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+            "greedy_outputs_identical_across_proposers": identical, "rows": rows}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--target", required=True)
+    p.add_argument("--drafter", nargs="*", default=[], help="NAME=DIR")
+    p.add_argument("--ngram", action="store_true", help="also measure prompt lookup")
+    p.add_argument("--prompts", required=True)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--block-sizes", type=int, nargs="+", default=[16, 8])
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    result = run(args)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
+
+
+if __name__ == "__main__":
+    main()
