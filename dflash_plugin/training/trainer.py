@@ -176,10 +176,13 @@ def train(cfg: TrainConfig, target, device: str | torch.device = "cpu") -> dict:
         opt.step()
         step += 1
         history.append(loss_sum)
-        if cfg.time_budget_minutes and step == min(20, max_steps) and \
+        if step == 10:
+            t_ten = time.perf_counter()  # step time is measured after warm-up (steps 10..30)
+        if cfg.time_budget_minutes and step == 30 and max_steps > 30 and \
                 not state_file.is_file():
-            per_step = (time.perf_counter() - t_start) / step
-            max_steps = max(step, min(cfg.max_steps, int(cfg.time_budget_minutes * 60 / per_step)))
+            per_step = (time.perf_counter() - t_ten) / 20
+            budget_steps = int((cfg.time_budget_minutes * 60 - (t_ten - t_start)) / per_step) + 10
+            max_steps = max(step, min(cfg.max_steps, budget_steps))
             stop_at = min(stop_at, max_steps)
             bar.total = max_steps
         elapsed = time.perf_counter() - t_start
