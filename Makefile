@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
 TARGET ?= examples/fixtures/code-target
-DRAFT  ?= examples/fixtures/code-target-dflash-random
+DRAFT  ?= examples/fixtures/code-target-dflash-b16
 PROMPT ?= import numpy as np\n\n\ndef softmax(x, axis=-1):
 TOKENS ?= 96
 

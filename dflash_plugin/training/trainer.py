@@ -48,7 +48,7 @@ class TrainConfig(BaseModel):
     min_lr_ratio: float = 0.1
     warmup_steps: int = 50
     max_steps: int = 1000
-    time_budget_minutes: float | None = None  # fixes max_steps from the measured step time
+    time_budget_minutes: float | None = None  # wall-clock budget; re-plans max_steps as it runs
     steps_this_run: int | None = None  # stop early, resumable; the schedule spans max_steps
     weight_decay: float = 0.01
     clip: float = 1.0
@@ -155,8 +155,11 @@ def train(cfg: TrainConfig, target, device: str | torch.device = "cpu") -> dict:
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     t_start, tokens, last = time.perf_counter(), 0, {}
     bar = tqdm(total=max_steps, initial=step, desc="train", unit="step")
-    stop_at = max_steps if cfg.steps_this_run is None else \
-        min(max_steps, step + cfg.steps_this_run)
+    run_limit = None if cfg.steps_this_run is None else step + cfg.steps_this_run
+    stop_at = max_steps if run_limit is None else min(max_steps, run_limit)
+    # A wall-clock budget re-plans max_steps as it goes (so such runs resume, but not exactly).
+    budget_s = cfg.time_budget_minutes * 60 if cfg.time_budget_minutes else None
+    mark = (time.perf_counter(), step)
     while step < stop_at:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, max_steps, cfg.warmup_steps, cfg.lr, cfg.min_lr_ratio)
@@ -176,14 +179,15 @@ def train(cfg: TrainConfig, target, device: str | torch.device = "cpu") -> dict:
         opt.step()
         step += 1
         history.append(loss_sum)
-        if step == 10:
-            t_ten = time.perf_counter()  # step time is measured after warm-up (steps 10..30)
-        if cfg.time_budget_minutes and step == 30 and max_steps > 30 and \
-                not state_file.is_file():
-            per_step = (time.perf_counter() - t_ten) / 20
-            budget_steps = int((cfg.time_budget_minutes * 60 - (t_ten - t_start)) / per_step) + 10
-            max_steps = max(step, min(cfg.max_steps, budget_steps))
-            stop_at = min(stop_at, max_steps)
+        if budget_s is not None and step % 50 == 0:
+            # Re-plan the schedule's length from the recent step time (warm-up and contention
+            # make early estimates wrong); the cosine horizon converges as the budget runs out.
+            now = time.perf_counter()
+            per_step = (now - mark[0]) / (step - mark[1])
+            left = budget_s - (now - t_start)
+            max_steps = max(step + 1, min(cfg.max_steps, step + int(left / per_step)))
+            stop_at = max_steps if run_limit is None else min(max_steps, run_limit)
+            mark = (now, step)
             bar.total = max_steps
         elapsed = time.perf_counter() - t_start
         last = {"loss": loss_sum, "grad_norm": grad_norm,
