@@ -19,3 +19,11 @@ python3 benchmarks/acceptance.py --target $TARGET --ngram --prompts examples/fix
     --max-new-tokens 256 --block-sizes 16 --temperatures 0 --batch-size 64 \
     --device cuda --dtype bfloat16 --out "$WORK/acceptance-v2-gpu.json" > "$WORK/acceptance-v2.log" 2>&1
 echo done > "$WORK/DONE2"
+
+# Third pass (what produced examples/fixtures/code-target-dflash-b16): continue the 3-layer
+# drafter alone for a few more minutes at a lower learning rate.
+python3 -m dflash_plugin.cli train --target $TARGET --data "$WORK/data-greedy" "$WORK/data-t1" \
+    --block-size 16 --gamma 7 --num-anchors 64 --max-seq-len 1024 --batch-size 32 --lr 1e-3 \
+    --warmup-steps 50 --max-steps 100000 --time-budget-minutes 4.4 --save-every 500 \
+    --log-every 100 --device cuda --init-from "$WORK/v2-L3" --out "$WORK/v3-L3" \
+    > "$WORK/train-v3-L3.log" 2>&1

@@ -77,7 +77,7 @@ def speculative_generate(
     device = target.get_input_embeddings().weight.device
     gen = torch.Generator(device=device)
     gen.manual_seed(params.seed if params.seed is not None else torch.seed())
-    stops = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long, device=device)
+    stops = set(stop_token_ids)
     agg = AggregateMetrics([RequestMetrics(prompt_tokens=len(p)) for p in prompts])
     out: list[list[int]] = [[] for _ in prompts]
     t_start = time.perf_counter()
@@ -112,10 +112,7 @@ def speculative_generate(
         g = min(block_size - 1, max(remaining))
 
         t0 = time.perf_counter()
-        if g > 0:
-            draft, q = proposer.propose(anchor, anchor_pos, g, params, gen)
-        else:
-            draft, q = anchor.new_zeros(len(rows), 0), None
+        draft, q = proposer.propose(anchor, anchor_pos, g, params, gen)  # g >= 1 here
         _sync(device)
         t1 = time.perf_counter()
         block = torch.cat([anchor[:, None], draft], dim=1)  # [batch, g + 1]
@@ -147,12 +144,11 @@ def speculative_generate(
 def _commit_tokens(new_tokens, accepted, remaining, stops, out, rows, agg, g) -> list[int]:
     """Append each row's accepted drafts + bonus, capped by max_new_tokens and cut after the first
     stop token. Returns the number of tokens each row committed."""
-    stop_set = set(stops.tolist())
     produced = []
     for i, r in enumerate(rows):
         toks = new_tokens[i][: accepted[i] + 1][: remaining[i]]
         for j, t in enumerate(toks):
-            if t in stop_set:
+            if t in stops:
                 toks = toks[: j + 1]
                 break
         out[r].extend(toks)
@@ -162,12 +158,11 @@ def _commit_tokens(new_tokens, accepted, remaining, stops, out, rows, agg, g) ->
 
 
 def _finished_rows(out, rows, stops, max_new_tokens, agg) -> set[int]:
-    stop_set = set(stops.tolist())
     done = set()
     for i, r in enumerate(rows):
         m = agg.requests[r]
         m.new_tokens = len(out[r])
-        if out[r] and out[r][-1] in stop_set:
+        if out[r] and out[r][-1] in stops:
             m.stop_reason = "stop"
             done.add(i)
         elif len(out[r]) >= max_new_tokens:

@@ -75,7 +75,8 @@ def add_parsers(sub, default_device: str) -> None:
                       ("grad-accum", int), ("lr", float), ("min-lr-ratio", float),
                       ("warmup-steps", int), ("max-steps", int), ("time-budget-minutes", float),
                       ("weight-decay", float), ("clip", float), ("seed", int),
-                      ("save-every", int), ("log-every", int), ("mask-token-id", int)]:
+                      ("save-every", int), ("log-every", int), ("mask-token-id", int),
+                      ("init-from", str), ("steps-this-run", int)]:
         t.add_argument(f"--{name}", type=typ, default=None)
     t.add_argument("--init-from-target", action="store_true", default=None)
     t.add_argument("--device", default=default_device)
