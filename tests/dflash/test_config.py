@@ -94,3 +94,17 @@ def test_target_compatibility(qwen3_target):
                          qwen3_target.config)
     with pytest.raises(ConfigError, match="vocab_size"):
         check_compatible(cfg.replace(vocab_size=1000), qwen3_target.config)
+
+
+def test_serving_check(qwen3_target):
+    from dflash_plugin.checkpoint import check_serving_config
+
+    cfg = config_for_target(qwen3_target.config, num_layers=2, block_size=8, mask_token_id=3)
+    raw = cfg.to_dict()
+    assert check_serving_config(raw, qwen3_target.config, 7).to_dict() == raw
+    with pytest.raises(ConfigError, match="num_speculative_tokens"):
+        check_serving_config(raw, qwen3_target.config, 0)
+    with pytest.raises(ConfigError, match="num_target_layers"):
+        check_serving_config({**raw, "num_target_layers": 36}, qwen3_target.config, 7)
+    with pytest.raises(ConfigError, match="dflash_config"):
+        check_serving_config({**raw, "dflash_config": None}, qwen3_target.config, 7)

@@ -1,0 +1,153 @@
+"""Start, query and stop vLLM's OpenAI-compatible server (a subprocess; no vLLM import here).
+
+Used by `make demo`, the engine tests and benchmarks. The server runs in its own process group on
+127.0.0.1 and is always stopped by its PID (the whole group), also when the caller fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(target: str, draft: str | None = None, num_speculative_tokens: int = 15,
+                  port: int = 8000, extra: tuple[str, ...] = ()) -> list[str]:
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target,
+           "--host", "127.0.0.1", "--port", str(port), *extra]
+    if draft:
+        spec = {"method": "dflash", "model": draft,
+                "num_speculative_tokens": num_speculative_tokens}
+        cmd += ["--speculative-config", json.dumps(spec)]
+    return cmd
+
+
+def cpu_env() -> dict[str, str]:
+    """Environment for vLLM on CPU: small KV cache, a private compile cache."""
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
+    return env
+
+
+def request(url: str, payload: dict | None = None, timeout: float = 300) -> tuple[int, object]:
+    """GET (payload None) or POST JSON; returns (HTTP status, parsed JSON or text)."""
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, body = resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        status, body = err.code, err.read().decode()
+    try:
+        return status, json.loads(body)
+    except json.JSONDecodeError:
+        return status, body
+
+
+def spec_metrics(base_url: str) -> dict[str, float]:
+    """vLLM's speculative-decoding counters from /metrics (summed over label sets); per-position
+    accepted counts under 'accepted_per_pos' keys 'pos0', 'pos1', ..."""
+    _, text = request(f"{base_url}/metrics")
+    out: dict[str, float] = {}
+    pattern = re.compile(r'^vllm:spec_decode_(\w+)_total(\{[^}]*\})? ([0-9.e+-]+)$')
+    for line in str(text).splitlines():
+        m = pattern.match(line)
+        if not m:
+            continue
+        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+        pos = re.search(r'position="(\d+)"', labels)
+        key = f"{name}.pos{pos.group(1)}" if pos else name
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+class VLLMServer:
+    """`with VLLMServer(cmd, env) as srv: srv.url ...` — waits for /health, always stops."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str] | None = None,
+                 log_path: str | Path | None = None, startup_timeout: float = 300):
+        self.cmd, self.env, self.timeout = cmd, env or cpu_env(), startup_timeout
+        self.port = int(cmd[cmd.index("--port") + 1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path or tempfile.mktemp(prefix="vllm-", suffix=".log"))
+        self.proc: subprocess.Popen | None = None
+        self.startup_seconds = 0.0
+
+    def start(self) -> VLLMServer:
+        log = open(self.log_path, "w")  # noqa: SIM115 (kept open for the child's lifetime)
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        while time.perf_counter() - t0 < self.timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM server exited with code {self.proc.returncode} during "
+                                   f"start-up; log tail:\n{self.log_tail()}")
+            try:
+                if request(f"{self.url}/health", timeout=5)[0] == 200:
+                    self.startup_seconds = time.perf_counter() - t0
+                    return self
+            except OSError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise TimeoutError(f"vLLM server not healthy after {self.timeout} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text()[-chars:]
+        except OSError:
+            return ""
+
+    def __enter__(self) -> VLLMServer:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def complete(self, prompt: str, max_tokens: int, **kw) -> tuple[int, object]:
+        payload = {"model": self.model_name, "prompt": prompt, "max_tokens": max_tokens,
+                   "temperature": 0.0, **kw}
+        return request(f"{self.url}/v1/completions", payload)
+
+    def chat(self, messages: list[dict], max_tokens: int, **kw) -> tuple[int, object]:
+        payload = {"model": self.model_name, "messages": messages, "max_tokens": max_tokens,
+                   "temperature": 0.0, **kw}
+        return request(f"{self.url}/v1/chat/completions", payload)
+
+    @property
+    def model_name(self) -> str:
+        return self.cmd[self.cmd.index("--model") + 1]
