@@ -1,0 +1,15 @@
+"""Errors raised on bad user input: a `ConfigError` names the field, the value and the allowed
+range, and is raised before any model work starts."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+def require(condition: bool, field: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(field, message)
