@@ -1,0 +1,136 @@
+"""Spiffy: lossless speculative decoding of a block-diffusion LM with a calibrated draft graph.
+
+Each forward scores the *root* (the current block after the latest step) together with up to D*
+draft blocks built from the distribution P that produced the root (`graph.py` defines the
+formulas). Each draft sees the committed context and itself only. Verification then replays the
+decoder: the true next state is chosen from the root's distribution exactly as vanilla decoding
+would (same rule, same random stream); if it equals a draft, that draft's distribution, already
+computed in this forward, gives the following step, and its children are checked the same way.
+So one forward advances 1 + (accepted depth) steps, and the output equals vanilla decoding's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .decode import (
+    BlockState,
+    DLLMResult,
+    choose_unmask,
+    finish_tokens,
+    step_distribution,
+    validate_prompt,
+)
+from .errors import require
+from .graph import DraftGraph, Node, geometric_mean
+from .params import DecodeParams
+from .runtime import BlockDiffusionRunner, dllm_spec
+
+
+@dataclass
+class Ranks:
+    """Ranks of P restricted to the root's decodable positions."""
+    positions: list[int]  # block offsets, most confident first
+    tokens: torch.Tensor  # [block, max_rank] token ids, most probable first
+    token_probs: torch.Tensor  # [block, max_rank]
+
+
+def rank_tables(probs: torch.Tensor, decodable: torch.Tensor, max_rank: int) -> Ranks:
+    conf = probs.max(-1).values.masked_fill(~decodable, -1.0)
+    order = torch.argsort(conf, descending=True, stable=True)
+    positions = order[: int(decodable.sum())].tolist()
+    top = torch.topk(probs, max_rank, dim=-1)
+    return Ranks(positions, top.indices, top.values)
+
+
+def materialize(node: Node, root: torch.Tensor, ranks: Ranks) -> tuple[torch.Tensor, float] | None:
+    """The node's block ids and the geometric mean of its tokens' probabilities under P, or None
+    when a rank is out of range for this root."""
+    ids = root.clone()
+    probs = []
+    for i, j in node.pairs:
+        if i >= len(ranks.positions) or j >= ranks.tokens.shape[1]:
+            return None
+        pos = ranks.positions[i]
+        ids[pos] = ranks.tokens[pos, j]
+        probs.append(float(ranks.token_probs[pos, j]))
+    return ids, geometric_mean(probs)
+
+
+def prune(graph: DraftGraph, own: dict[int, float], keep: int) -> list[int]:
+    """Keep `keep` nodes: score = gmean(own score, best child's score), computed bottom-up; a node
+    is only kept when it is at depth 1 or one of its parents is kept."""
+    score: dict[int, float] = {}
+    for k in sorted(own, key=lambda k: -graph.nodes[k].depth):
+        kids = [score[c] for c in graph.children(graph.nodes[k]) if c in score]
+        score[k] = own[k] if not kids else geometric_mean([own[k], max(kids)])
+    chosen: list[int] = []
+    while len(chosen) < keep:
+        frontier = [k for k in score if k not in chosen and (
+            graph.nodes[k].depth == 1 or any(k in graph.children(graph.nodes[p]) for p in chosen))]
+        if not frontier:
+            break
+        chosen.append(max(frontier, key=lambda k: (score[k], -k)))
+    return chosen
+
+
+@torch.inference_mode()
+def spiffy_generate(model, prompt: list[int], graph: DraftGraph,
+                    params: DecodeParams = DecodeParams(), max_new_tokens: int = 128,
+                    keep: int | None = None) -> DLLMResult:
+    """Spiffy decoding; identical output to `decode.generate` with the same params and seed."""
+    spec = dllm_spec(model.config)
+    graph.check_model(spec.block_size, spec.vocab_size)
+    keep = len(graph.nodes) if keep is None else keep
+    require(1 <= keep <= len(graph.nodes), "keep",
+            f"D* must be in [1, D={len(graph.nodes)}], got {keep}")
+    validate_prompt(prompt, max_new_tokens, spec)
+    max_rank = 1 + max((j for n in graph.nodes for _, j in n.pairs), default=0)
+    gen = torch.Generator().manual_seed(params.seed if params.seed is not None else 0)
+    runner = BlockDiffusionRunner(model, spec)
+    bs, mask, p_len = spec.block_size, spec.mask_token_id, len(prompt)
+    limit = p_len + max_new_tokens
+    start = (p_len // bs) * bs
+    ids = torch.full((bs,), mask, dtype=torch.long)
+    ids[: p_len - start] = torch.tensor(prompt[start:], dtype=torch.long)
+    block = BlockState(ids, start, p_len, limit, spec)
+    logits = runner.forward(torch.tensor(prompt[:start], dtype=torch.long), ids[None])
+    out: list[int] = []
+    steps = 0
+    drafts: list[tuple[int, torch.Tensor]] = []  # (graph node index, ids) scored in `logits`
+    while True:
+        # Replay the decoder along the drafts this forward scored.
+        node, row = None, 0
+        while True:
+            probs = step_distribution(logits[row], params)
+            pos, toks = choose_unmask(probs, block.decodable(), params, gen)
+            block.ids[pos] = toks.cpu()
+            steps += 1
+            if not block.decodable().any():
+                break
+            kids = set(graph.children(node))
+            match = [r for r, (k, d) in enumerate(drafts, 1) if k in kids
+                     and torch.equal(d, block.ids)]
+            if not match:
+                break
+            row = match[0]
+            node = graph.nodes[drafts[row - 1][0]]
+        if block.decodable().any():
+            ranks = rank_tables(probs, block.decodable(), max_rank)
+            built = {k: materialize(n, block.ids, ranks) for k, n in enumerate(graph.nodes)}
+            own = {k: v[1] for k, v in built.items() if v is not None}
+            drafts = [(k, built[k][0]) for k in prune(graph, own, keep)]
+            cands = torch.stack([block.ids] + [d for _, d in drafts])
+            logits = runner.forward(block.ids[:0], cands)
+            continue
+        out += block.generated()
+        tokens, reason = finish_tokens(out, max_new_tokens, spec.eos_token_id)
+        if reason == "eos" or len(out) >= max_new_tokens:
+            return DLLMResult(tokens, runner.nfe, steps, reason)
+        nxt = torch.full((bs,), mask, dtype=torch.long)
+        clean = block.ids
+        block = BlockState(nxt, block.start + bs, p_len, limit, spec)
+        drafts = []
+        logits = runner.forward(clean, nxt[None])

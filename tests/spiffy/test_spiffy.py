@@ -1,0 +1,95 @@
+"""Spiffy on the real code-dllm fixture: lossless against vanilla / threshold decoding."""
+
+import itertools
+import json
+import random
+
+import pytest
+
+from spiffy_plugin.calibrate import calibrate
+from spiffy_plugin.decode import DecodeParams, generate
+from spiffy_plugin.errors import ConfigError
+from spiffy_plugin.graph import DraftGraph, Node, is_parent, load_graph, select_graph
+from spiffy_plugin.spiffy import spiffy_generate
+from tests.spiffy.test_runtime import dllm  # noqa: F401 (module fixture)
+
+CALIB = ["def merge_sort(items):", "class Node:\n    def __init__(self, value):",
+         "import os\nimport sys\n\n\ndef main(argv):"]
+EVAL = ["def fibonacci(n):",  # ends mid-block
+        "import numpy as np\n\n\ndef softmax(x, axis=-1):\n    \"\"\"Softmax.\"\"\""]
+
+
+def test_parent_relation_and_selection_on_random_graphs():
+    rng = random.Random(0)
+    for _ in range(20):
+        nodes = {}
+        for _ in range(40):
+            depth = rng.randint(1, 3)
+            pairs = {(rng.randint(0, 3), rng.randint(0, 2)) for _ in range(depth)}
+            if len(pairs) == depth:
+                nodes[Node.of(pairs, depth)] = rng.randint(1, 50)
+        for a, b in itertools.product(nodes, nodes):
+            want = b.depth == a.depth + 1 and set(a.pairs) < set(b.pairs)
+            assert is_parent(a, b) == want
+        chosen = select_graph(nodes, 6)
+        assert len(chosen) == min(6, len(chosen)) and len(set(chosen)) == len(chosen)
+        for n in chosen:
+            assert n.depth == 1 or any(is_parent(p, n) for p in chosen)
+        g = DraftGraph(tuple(chosen), tuple(nodes[n] for n in chosen), 16, 100, "vanilla-1")
+        for k, n in enumerate(chosen):
+            assert k in g.children(None) if n.depth == 1 else True
+            assert g.children(n) == [c for c, m in enumerate(chosen) if is_parent(n, m)]
+
+
+@pytest.fixture(scope="module")
+def graphs(dllm):  # noqa: F811
+    model, tok = dllm
+    prompts = [tok(p).input_ids for p in CALIB]
+    return {d: calibrate(model, prompts, d, max_new_tokens=32) for d in (3, 8)}
+
+
+def test_calibration_is_deterministic_and_roundtrips(dllm, graphs, tmp_path):  # noqa: F811
+    model, tok = dllm
+    again = calibrate(model, [tok(p).input_ids for p in CALIB], 8, max_new_tokens=32)
+    assert again.to_json() == graphs[8].to_json()
+    graphs[8].save(tmp_path / "g.json")
+    assert load_graph(tmp_path / "g.json") == graphs[8]
+    assert len(graphs[8].nodes) == 8 and graphs[8].rule == "vanilla-1"
+
+
+@pytest.mark.parametrize("budget,keep", [(3, None), (8, None), (8, 4)])
+@pytest.mark.parametrize("prompt", EVAL)
+def test_greedy_lossless_and_fewer_forwards(dllm, graphs, budget, keep, prompt):  # noqa: F811
+    model, tok = dllm
+    ids = tok(prompt).input_ids
+    vanilla = generate(model, ids, DecodeParams(), 40)
+    fast = spiffy_generate(model, ids, graphs[budget], DecodeParams(), 40, keep=keep)
+    assert fast.tokens == vanilla.tokens
+    assert fast.steps == vanilla.steps
+    assert fast.nfe < vanilla.nfe
+
+
+def test_threshold_and_sampling_lossless(dllm, graphs):  # noqa: F811
+    model, tok = dllm
+    ids = tok(EVAL[0]).input_ids
+    for params in (DecodeParams(threshold=0.9), DecodeParams(temperature=0.7, top_p=0.9, seed=5)):
+        assert spiffy_generate(model, ids, graphs[8], params, 32).tokens == \
+            generate(model, ids, params, 32).tokens
+
+
+def test_bad_graph_input(dllm, graphs, tmp_path):  # noqa: F811
+    model, tok = dllm
+    ids = tok(EVAL[0]).input_ids
+    g = graphs[3]
+    with pytest.raises(ConfigError, match="keep"):
+        spiffy_generate(model, ids, g, DecodeParams(), 8, keep=4)  # D* > D
+    with pytest.raises(ConfigError, match="budget"):
+        select_graph({Node.of([(0, 0)], 1): 1}, 0)
+    for field, value in (("block_size", 32), ("vocab_size", 999)):
+        raw = {**g.to_json(), field: value}
+        (tmp_path / "g.json").write_text(json.dumps(raw))
+        with pytest.raises(ConfigError, match=f"graph.{field}"):
+            spiffy_generate(model, ids, load_graph(tmp_path / "g.json"), DecodeParams(), 8)
+    (tmp_path / "g.json").write_text(json.dumps({**g.to_json(), "version": 99}))
+    with pytest.raises(ConfigError, match="version"):
+        load_graph(tmp_path / "g.json")
