@@ -14,10 +14,10 @@ from collections import Counter
 import torch
 from tqdm import tqdm
 
-from .decode import BlockState, choose_unmask, step_distribution, validate_prompt
+from .decode import choose_unmask, start_decoding, step_distribution
 from .graph import DraftGraph, Node, select_graph
 from .params import DecodeParams
-from .runtime import BlockDiffusionRunner, dllm_spec
+from .runtime import dllm_spec
 
 
 def rule_name(params: DecodeParams) -> str:
@@ -44,34 +44,22 @@ def _pairs(step_positions, step_tokens, probs, root_decodable, max_rank):
 def record_block_steps(model, prompt: list[int], params: DecodeParams, max_new_tokens: int):
     """Run the decoder; per block, the list of (probs, root decodable mask, positions, tokens)
     of each step, in order."""
-    spec = dllm_spec(model.config)
-    validate_prompt(prompt, max_new_tokens, spec)
-    gen = torch.Generator().manual_seed(params.seed if params.seed is not None else 0)
-    runner = BlockDiffusionRunner(model, spec)
-    bs, mask, p_len = spec.block_size, spec.mask_token_id, len(prompt)
-    start = (p_len // bs) * bs
-    ids = torch.full((bs,), mask, dtype=torch.long)
-    ids[: p_len - start] = torch.tensor(prompt[start:], dtype=torch.long)
-    block = BlockState(ids, start, p_len, p_len + max_new_tokens, spec)
-    logits = runner.forward(torch.tensor(prompt[:start], dtype=torch.long), ids[None])[0]
-    blocks, steps, produced = [], [], 0
+    st, logits = start_decoding(model, prompt, params, max_new_tokens)
+    blocks, steps = [], []
     while True:
-        probs = step_distribution(logits, params)
-        pos, toks = choose_unmask(probs, block.decodable(), params, gen)
+        block = st.block
+        probs = step_distribution(logits[0], params)
+        pos, toks = choose_unmask(probs, block.decodable(), params, st.generator)
         block.ids[pos] = toks.cpu()
         steps.append((probs, block.decodable(), pos.tolist(), toks.tolist()))
         if block.decodable().any():
-            logits = runner.forward(block.ids[:0], block.ids[None])[0]
+            logits = st.runner.forward(block.ids[:0], block.ids[None])
             continue
         blocks.append(steps)
-        produced += len(block.generated())
-        eos = spec.eos_token_id
-        if (eos is not None and eos in block.generated()) or produced >= max_new_tokens:
+        steps = []
+        if st.finish_block() is not None:
             return blocks
-        nxt = torch.full((bs,), mask, dtype=torch.long)
-        clean, steps = block.ids, []
-        block = BlockState(nxt, block.start + bs, p_len, p_len + max_new_tokens, spec)
-        logits = runner.forward(clean, nxt[None])[0]
+        logits = st.next_block()
 
 
 def count_nodes(blocks, max_depth: int, max_rank: int) -> Counter:

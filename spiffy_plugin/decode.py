@@ -104,36 +104,68 @@ def finish_tokens(out: list[int], max_new_tokens: int, eos: int | None) -> tuple
     return out[:max_new_tokens], "length"
 
 
-@torch.inference_mode()
-def generate(model, prompt: list[int], params: DecodeParams = DecodeParams(),
-             max_new_tokens: int = 128) -> DLLMResult:
-    """Vanilla (S per step) or threshold decoding of one prompt."""
+@dataclass
+class Decoding:
+    """Per-request decoding state shared by vanilla decoding, Spiffy and calibration."""
+    spec: DLLMSpec
+    runner: BlockDiffusionRunner
+    block: BlockState
+    generator: torch.Generator
+    max_new_tokens: int
+    out: list[int]
+
+    def finish_block(self) -> DLLMResult | None:
+        """Record the finished block's tokens; a result when generation is over, else None."""
+        self.out += self.block.generated()
+        tokens, reason = finish_tokens(self.out, self.max_new_tokens, self.spec.eos_token_id)
+        if reason == "eos" or len(self.out) >= self.max_new_tokens:
+            return DLLMResult(tokens, self.runner.nfe, 0, reason)
+        return None
+
+    def next_block(self) -> torch.Tensor:
+        """Commit the finished block and score the next, fully masked one (one forward)."""
+        bs = self.spec.block_size
+        clean = self.block.ids
+        ids = torch.full((bs,), self.spec.mask_token_id, dtype=torch.long)
+        b = self.block
+        self.block = BlockState(ids, b.start + bs, b.first_gen, b.limit, self.spec)
+        return self.runner.forward(clean, ids[None])
+
+
+def start_decoding(model, prompt: list[int], params: DecodeParams,
+                   max_new_tokens: int) -> tuple[Decoding, torch.Tensor]:
+    """Validate, commit the prompt's full blocks and score its last (partial) block: the state
+    and the first forward's logits [1, block, vocab]."""
     spec = dllm_spec(model.config)
     validate_prompt(prompt, max_new_tokens, spec)
     gen = torch.Generator().manual_seed(params.seed if params.seed is not None else 0)
     runner = BlockDiffusionRunner(model, spec)
-    bs, mask, p_len = spec.block_size, spec.mask_token_id, len(prompt)
-    limit = p_len + max_new_tokens
+    bs, p_len = spec.block_size, len(prompt)
     start = (p_len // bs) * bs
-    ids = torch.full((bs,), mask, dtype=torch.long)
+    ids = torch.full((bs,), spec.mask_token_id, dtype=torch.long)
     ids[: p_len - start] = torch.tensor(prompt[start:], dtype=torch.long)
-    block = BlockState(ids, start, p_len, limit, spec)
-    logits = runner.forward(torch.tensor(prompt[:start], dtype=torch.long), ids[None])[0]
-    out: list[int] = []
+    block = BlockState(ids, start, p_len, p_len + max_new_tokens, spec)
+    logits = runner.forward(torch.tensor(prompt[:start], dtype=torch.long), ids[None])
+    return Decoding(spec, runner, block, gen, max_new_tokens, []), logits
+
+
+@torch.inference_mode()
+def generate(model, prompt: list[int], params: DecodeParams = DecodeParams(),
+             max_new_tokens: int = 128) -> DLLMResult:
+    """Vanilla (S per step) or threshold decoding of one prompt."""
+    st, logits = start_decoding(model, prompt, params, max_new_tokens)
     steps = 0
     while True:
-        pos, toks = choose_unmask(step_distribution(logits, params), block.decodable(), params,
-                                  gen)
+        block = st.block
+        pos, toks = choose_unmask(step_distribution(logits[0], params), block.decodable(),
+                                  params, st.generator)
         block.ids[pos] = toks.cpu()
         steps += 1
         if block.decodable().any():
-            logits = runner.forward(block.ids[:0], block.ids[None])[0]
+            logits = st.runner.forward(block.ids[:0], block.ids[None])
             continue
-        out += block.generated()
-        tokens, reason = finish_tokens(out, max_new_tokens, spec.eos_token_id)
-        if reason == "eos" or len(out) >= max_new_tokens:
-            return DLLMResult(tokens, runner.nfe, steps, reason)
-        nxt = torch.full((bs,), mask, dtype=torch.long)
-        clean = block.ids
-        block = BlockState(nxt, block.start + bs, p_len, limit, spec)
-        logits = runner.forward(clean, nxt[None])[0]
+        done = st.finish_block()
+        if done is not None:
+            done.steps = steps
+            return done
+        logits = st.next_block()

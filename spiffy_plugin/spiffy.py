@@ -15,18 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .decode import (
-    BlockState,
-    DLLMResult,
-    choose_unmask,
-    finish_tokens,
-    step_distribution,
-    validate_prompt,
-)
+from .decode import DLLMResult, choose_unmask, start_decoding, step_distribution
 from .errors import require
 from .graph import DraftGraph, Node, geometric_mean
 from .params import DecodeParams
-from .runtime import BlockDiffusionRunner, dllm_spec
+from .runtime import dllm_spec
 
 
 @dataclass
@@ -86,26 +79,17 @@ def spiffy_generate(model, prompt: list[int], graph: DraftGraph,
     keep = len(graph.nodes) if keep is None else keep
     require(1 <= keep <= len(graph.nodes), "keep",
             f"D* must be in [1, D={len(graph.nodes)}], got {keep}")
-    validate_prompt(prompt, max_new_tokens, spec)
     max_rank = 1 + max((j for n in graph.nodes for _, j in n.pairs), default=0)
-    gen = torch.Generator().manual_seed(params.seed if params.seed is not None else 0)
-    runner = BlockDiffusionRunner(model, spec)
-    bs, mask, p_len = spec.block_size, spec.mask_token_id, len(prompt)
-    limit = p_len + max_new_tokens
-    start = (p_len // bs) * bs
-    ids = torch.full((bs,), mask, dtype=torch.long)
-    ids[: p_len - start] = torch.tensor(prompt[start:], dtype=torch.long)
-    block = BlockState(ids, start, p_len, limit, spec)
-    logits = runner.forward(torch.tensor(prompt[:start], dtype=torch.long), ids[None])
-    out: list[int] = []
+    st, logits = start_decoding(model, prompt, params, max_new_tokens)
     steps = 0
     drafts: list[tuple[int, torch.Tensor]] = []  # (graph node index, ids) scored in `logits`
     while True:
+        block = st.block
         # Replay the decoder along the drafts this forward scored.
         node, row = None, 0
         while True:
             probs = step_distribution(logits[row], params)
-            pos, toks = choose_unmask(probs, block.decodable(), params, gen)
+            pos, toks = choose_unmask(probs, block.decodable(), params, st.generator)
             block.ids[pos] = toks.cpu()
             steps += 1
             if not block.decodable().any():
@@ -123,14 +107,11 @@ def spiffy_generate(model, prompt: list[int], graph: DraftGraph,
             own = {k: v[1] for k, v in built.items() if v is not None}
             drafts = [(k, built[k][0]) for k in prune(graph, own, keep)]
             cands = torch.stack([block.ids] + [d for _, d in drafts])
-            logits = runner.forward(block.ids[:0], cands)
+            logits = st.runner.forward(block.ids[:0], cands)
             continue
-        out += block.generated()
-        tokens, reason = finish_tokens(out, max_new_tokens, spec.eos_token_id)
-        if reason == "eos" or len(out) >= max_new_tokens:
-            return DLLMResult(tokens, runner.nfe, steps, reason)
-        nxt = torch.full((bs,), mask, dtype=torch.long)
-        clean = block.ids
-        block = BlockState(nxt, block.start + bs, p_len, limit, spec)
+        done = st.finish_block()
+        if done is not None:
+            done.steps = steps
+            return done
         drafts = []
-        logits = runner.forward(clean, nxt[None])
+        logits = st.next_block()
