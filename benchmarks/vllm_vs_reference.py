@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import time
 from datetime import date
 from pathlib import Path
 
@@ -31,16 +30,11 @@ FIX = Path(__file__).resolve().parents[1] / "examples" / "fixtures"
 def serve_and_measure(target, draft, k, prompts, max_tokens):
     extra = ("--dtype", "float32", "--enforce-eager", "--max-model-len", "2048")
     with VLLMServer(serve_command(target, draft, k, free_port(), extra)) as srv:
-        m0, texts, toks, t0 = spec_metrics(srv.url), [], 0, time.perf_counter()
-        for p in prompts:
-            status, body = srv.complete(p, max_tokens)
-            assert status == 200, body
-            texts.append(body["choices"][0]["text"])
-            toks += body["usage"]["completion_tokens"]
-        secs = time.perf_counter() - t0
+        m0 = spec_metrics(srv.url)
+        texts, tps = srv.complete_all(prompts, max_tokens)
         m1 = spec_metrics(srv.url)
         out = {"startup_seconds": round(srv.startup_seconds, 1), "texts": texts,
-               "tokens_per_second": round(toks / secs, 2)}
+               "tokens_per_second": round(tps, 2)}
         if draft:
             drafts = m1["num_drafts"] - m0["num_drafts"]
             out["tau"] = round(1 + (m1["num_accepted_tokens"] - m0["num_accepted_tokens"])

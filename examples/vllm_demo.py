@@ -8,7 +8,6 @@ Usage: python examples/vllm_demo.py [--target DIR] [--draft DIR] [--max-tokens N
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 from dflash_plugin.engines.vllm_server import VLLMServer, free_port, serve_command, spec_metrics
@@ -23,17 +22,11 @@ CHAT = [{"role": "user", "content": "import os\n\n\ndef list_python_files(root):
 
 
 def run(server: VLLMServer, max_tokens: int) -> dict:
-    texts, tokens, t0 = [], 0, time.perf_counter()
-    for p in PROMPTS:
-        status, body = server.complete(p, max_tokens)
-        assert status == 200, body
-        texts.append(body["choices"][0]["text"])
-        tokens += body["usage"]["completion_tokens"]
-    seconds = time.perf_counter() - t0
+    texts, tps = server.complete_all(PROMPTS, max_tokens)
     status, body = server.chat(CHAT, max_tokens)
     assert status == 200, body
     return {"texts": texts, "chat": body["choices"][0]["message"]["content"],
-            "tokens_per_second": tokens / seconds}
+            "tokens_per_second": tps}
 
 
 def main() -> None:
