@@ -93,3 +93,31 @@ def test_bad_graph_input(dllm, graphs, tmp_path):  # noqa: F811
     (tmp_path / "g.json").write_text(json.dumps({**g.to_json(), "version": 99}))
     with pytest.raises(ConfigError, match="version"):
         load_graph(tmp_path / "g.json")
+
+
+def test_sampled_distribution_matches_vanilla(dllm, graphs):  # noqa: F811
+    """Independent seeds: Spiffy's samples and vanilla's follow one distribution (chi-square on
+    the first generated tokens); a different temperature is detected by the same test."""
+    from scipy.stats import chi2_contingency
+
+    model, tok = dllm
+    ids = tok("import os\n\n\ndef").input_ids
+    n, new = 100, 2
+
+    def first_tokens(fn, temperature, seed0):
+        params = [DecodeParams(temperature=temperature, seed=seed0 + i) for i in range(n)]
+        return [tuple(fn(p).tokens[:2]) for p in params]
+
+    vanilla = first_tokens(lambda p: generate(model, ids, p, new), 1.0, 0)
+    spiffy = first_tokens(lambda p: spiffy_generate(model, ids, graphs[8], p, new), 1.0, 10_000)
+    colder = first_tokens(lambda p: generate(model, ids, p, new), 0.3, 20_000)
+
+    def pvalue(a, b):
+        common = [k for k in set(a) | set(b) if a.count(k) + b.count(k) >= 10]
+        rows = [[a.count(k) for k in common] + [sum(x not in common for x in a)],
+                [b.count(k) for k in common] + [sum(x not in common for x in b)]]
+        rows = [r for r in zip(*rows) if sum(r) > 0]
+        return chi2_contingency(list(zip(*rows))).pvalue
+
+    assert pvalue(vanilla, spiffy) > 1e-3
+    assert pvalue(vanilla, colder) < 1e-3
