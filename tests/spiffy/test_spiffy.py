@@ -15,8 +15,8 @@ from tests.spiffy.test_runtime import dllm  # noqa: F401 (module fixture)
 
 CALIB = ["def merge_sort(items):", "class Node:\n    def __init__(self, value):",
          "import os\nimport sys\n\n\ndef main(argv):"]
-EVAL = ["def fibonacci(n):",  # ends mid-block
-        "import numpy as np\n\n\ndef softmax(x, axis=-1):\n    \"\"\"Softmax.\"\"\""]
+EVAL = ["def fibonacci(n):",  # 9 tokens: ends mid-block
+        "class Stack:\n    \"\"\"A stack.\"\"\"\n\n    def push(self, item):"]  # 16: a boundary
 
 
 def test_parent_relation_and_selection_on_random_graphs():
