@@ -57,7 +57,7 @@ def record_block_steps(model, prompt: list[int], params: DecodeParams, max_new_t
             continue
         blocks.append(steps)
         steps = []
-        if st.finish_block() is not None:
+        if st.finish_block(0) is not None:
             return blocks
         logits = st.next_block()
 

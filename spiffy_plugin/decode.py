@@ -114,12 +114,12 @@ class Decoding:
     max_new_tokens: int
     out: list[int]
 
-    def finish_block(self) -> DLLMResult | None:
+    def finish_block(self, steps: int) -> DLLMResult | None:
         """Record the finished block's tokens; a result when generation is over, else None."""
         self.out += self.block.generated()
         tokens, reason = finish_tokens(self.out, self.max_new_tokens, self.spec.eos_token_id)
         if reason == "eos" or len(self.out) >= self.max_new_tokens:
-            return DLLMResult(tokens, self.runner.nfe, 0, reason)
+            return DLLMResult(tokens, self.runner.nfe, steps, reason)
         return None
 
     def next_block(self) -> torch.Tensor:
@@ -164,8 +164,7 @@ def generate(model, prompt: list[int], params: DecodeParams = DecodeParams(),
         if block.decodable().any():
             logits = st.runner.forward(block.ids[:0], block.ids[None])
             continue
-        done = st.finish_block()
+        done = st.finish_block(steps)
         if done is not None:
-            done.steps = steps
             return done
         logits = st.next_block()

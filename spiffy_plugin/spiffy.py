@@ -109,9 +109,8 @@ def spiffy_generate(model, prompt: list[int], graph: DraftGraph,
             cands = torch.stack([block.ids] + [d for _, d in drafts])
             logits = st.runner.forward(block.ids[:0], cands)
             continue
-        done = st.finish_block()
+        done = st.finish_block(steps)
         if done is not None:
-            done.steps = steps
             return done
         drafts = []
         logits = st.next_block()

@@ -89,7 +89,7 @@ def copy_target_layers(drafter: DFlashDraftModel, target) -> None:
             dl.load_state_dict({k: v.float() for k, v in src.items()}, strict=False)
 
 
-def block_loss(drafter, target, ids, lengths, plens, anchors, cfg: TrainConfig, mask_id: int,
+def block_loss(drafter, target, ids, lengths, anchors, cfg: TrainConfig, mask_id: int,
                weights: torch.Tensor):
     """Weighted block cross entropy of one micro-batch; also per-offset correct/total counts."""
     with torch.no_grad():
@@ -118,7 +118,7 @@ def _step_batch(ds: TokenDataset, cfg: TrainConfig, step: int, micro: int, devic
     ids, lengths, plens = ds.batch(idx, cfg.max_seq_len)
     anchors = torch.stack([sample_anchors(int(p), int(n), cfg.num_anchors, gen)
                            for p, n in zip(plens, lengths)])
-    return ids.to(device), lengths.to(device), plens.to(device), anchors.to(device)
+    return ids.to(device), lengths.to(device), anchors.to(device)
 
 
 def train(cfg: TrainConfig, target, device: str | torch.device = "cpu") -> dict:
@@ -167,9 +167,9 @@ def train(cfg: TrainConfig, target, device: str | torch.device = "cpu") -> dict:
         correct = total = 0
         loss_sum = 0.0
         for micro in range(cfg.grad_accum):
-            ids, lengths, plens, anchors = _step_batch(ds, cfg, step, micro, device)
+            ids, lengths, anchors = _step_batch(ds, cfg, step, micro, device)
             with autocast:
-                loss, c, t = block_loss(drafter, target, ids, lengths, plens, anchors, cfg,
+                loss, c, t = block_loss(drafter, target, ids, lengths, anchors, cfg,
                                         mask_id, weights)
             (loss / cfg.grad_accum).backward()
             loss_sum += loss.item() / cfg.grad_accum
