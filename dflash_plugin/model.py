@@ -56,9 +56,13 @@ class DraftAttention(nn.Module):
         k_blk, v_blk = self.project_kv(x, rope)
         k = torch.cat([ctx_k, k_blk], dim=2)
         v = torch.cat([ctx_v, v_blk], dim=2)
+        gqa = self.num_heads != self.num_kv_heads
+        if gqa and key_mask is not None and q.is_cuda:
+            # CUDA's fused kernels take an arbitrary mask only without enable_gqa.
+            rep = self.num_heads // self.num_kv_heads
+            k, v, gqa = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), False
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
-                                             scale=self.head_dim ** -0.5,
-                                             enable_gqa=self.num_heads != self.num_kv_heads)
+                                             scale=self.head_dim ** -0.5, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 

@@ -79,5 +79,6 @@ def add_parsers(sub, default_device: str) -> None:
                       ("init-from", str), ("steps-this-run", int)]:
         t.add_argument(f"--{name}", type=typ, default=None)
     t.add_argument("--init-from-target", action="store_true", default=None)
+    t.add_argument("--packed-attention", choices=["expand", "dense"], default=None)
     t.add_argument("--device", default=default_device)
     t.set_defaults(func=cmd_train)

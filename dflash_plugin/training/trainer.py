@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, field_validator
@@ -28,7 +29,7 @@ from ..config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from ..errors import require
 from ..model import DFlashDraftModel
 from ..target import context_features
-from .anchors import block_inputs, loss_weights, lr_at, sample_anchors
+from .anchors import block_inputs, block_mask, loss_weights, lr_at, sample_anchors
 from .data import TokenDataset
 
 
@@ -58,6 +59,10 @@ class TrainConfig(BaseModel):
     mask_token_id: int | None = None
     init_from_target: bool = False  # copy the target's top layers into the draft layers
     init_from: str | None = None  # start from an existing z-lab drafter (its config wins)
+    # How all blocks of a row share one forward: "expand" gives each block its own copy of the
+    # context K/V (L + B keys per block); "dense" runs every block's queries over the row's
+    # context K/V once plus all block K/V, under the block mask (A*B x (L + A*B) scores).
+    packed_attention: Literal["expand", "dense"] = "expand"
 
     @field_validator("gamma")
     @classmethod
@@ -98,7 +103,12 @@ def block_loss(drafter, target, ids, lengths, anchors, cfg: TrainConfig, mask_id
         block_ids, pos, labels, w = block_inputs(ids, lengths, anchors, cfg.block_size, mask_id,
                                                  weights)
         embeds = target.get_input_embeddings()(block_ids)
-    hidden = drafter.forward_packed(embeds, pos, feats, anchors)
+    if cfg.packed_attention == "dense":
+        ctx_pos = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
+        hidden = drafter(embeds, pos, feats, ctx_pos, None,
+                         attn_mask=block_mask(anchors, cfg.block_size, ids.shape[1]))
+    else:
+        hidden = drafter.forward_packed(embeds, pos, feats, anchors)
     keep = w > 0
     logits = target.get_output_embeddings()(hidden[keep].to(embeds.dtype)).float()
     ce = torch.nn.functional.cross_entropy(logits, labels[keep], reduction="none")

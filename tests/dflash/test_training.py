@@ -171,3 +171,13 @@ def test_packed_forward_equals_dense_block_mask(qwen3_target):
                         attn_mask=block_mask(anchors, bs, L))
         packed = drafter.forward_packed(emb, pos, ctx, anchors)
     torch.testing.assert_close(packed, dense, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_attention_modes_train_identically(tiny_data, tmp_path):
+    """'dense' (one score matrix per row under the block mask) and 'expand' (per-block context
+    copies) are the same computation: same losses step by step."""
+    target, folder = tiny_data
+    runs = [train(_cfg(folder, tmp_path / mode, max_steps=6, packed_attention=mode), target)
+            for mode in ("expand", "dense")]
+    torch.testing.assert_close(torch.tensor(runs[0]["loss_history"]),
+                               torch.tensor(runs[1]["loss_history"]), rtol=1e-4, atol=1e-5)
