@@ -1,6 +1,7 @@
 """Runs the kernel tests of this folder in a subprocess with TRITON_INTERPRET=1 (CPU machines)."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,4 +19,6 @@ def test_kernels_in_triton_interpreter():
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/kernels"]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-2000:]
-    assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
+    last = r.stdout.strip().splitlines()[-1]
+    # expected skips: this test itself and the GPU-only bf16 test
+    assert re.match(r"\d+ passed, 2 skipped in ", last), r.stdout[-2000:]
