@@ -45,7 +45,7 @@ def _branch_attn_kernel(
         NB, QL, BL, KVH, qk_scale,
         G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
         HAS_PREFIX: tl.constexpr, HAS_PVIS: tl.constexpr, HAS_BLOCK: tl.constexpr,
-        HAS_MASK: tl.constexpr, STATE: tl.constexpr, PREC: tl.constexpr,
+        HAS_MASK: tl.constexpr, STATE: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     pid_m = tl.program_id(0)
     row = tl.program_id(1) // KVH
@@ -60,6 +60,8 @@ def _branch_attn_kernel(
     d_ok = d < D
     q_off = row.to(tl.int64) * sq_r + b * sq_b + qp * sq_t + head * sq_h
     q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:  # the interpreter's bf16 tl.dot is wrong (triton 3.9): compute in fp32 there
+        q = q.to(tl.float32)
     acc = tl.zeros([BM, BD], dtype=tl.float32)
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
@@ -76,6 +78,8 @@ def _branch_attn_kernel(
             kv_mask = j_ok[:, None] & d_ok[None, :]
             k = tl.load(kc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(vc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if UPCAST:
+                k, v = k.to(tl.float32), v.to(tl.float32)
             s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
             s = tl.where(j[None, :] < vis_len[:, None], s, float("-inf"))
             acc, m_i, l_i = _online_step(acc, m_i, l_i, s, v, PREC)
@@ -92,6 +96,8 @@ def _branch_attn_kernel(
             kv_mask = u_ok[:, None] & d_ok[None, :]
             k = tl.load(kb_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(vb_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            if UPCAST:
+                k, v = k.to(tl.float32), v.to(tl.float32)
             s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
             vis = (kb[None, :] == b[:, None]) & u_ok[None, :] & t_ok[:, None]
             if HAS_MASK:
@@ -229,6 +235,7 @@ def branch_attention(
             G=g, D=d, PS=k_cache.shape[1] if has_prefix else 1, HAS_PREFIX=has_prefix,
             HAS_PVIS=prefix_visible is not None, HAS_BLOCK=has_block,
             HAS_MASK=blk_mask is not None, STATE=return_state,
-            PREC="ieee" if q.dtype == torch.float32 else "tf32", BM=bm, BN=bn,
+            PREC="ieee" if q.dtype == torch.float32 or not gpu else "tf32", BM=bm, BN=bn,
+            UPCAST=not gpu and q.dtype == torch.bfloat16,
             BD=next_pow2(max(d, 16)))
     return (out, m, l_) if return_state else out
