@@ -7,6 +7,9 @@ a KV head are packed into one tile, whose rows are (branch, query position, head
 State (m, l) is in natural-log units: m = max of scale * q.k, l = sum exp(scale * q.k - m); a query
 that sees no key gets out = 0, m = -inf, l = 0. Pass only the prefix or only the block arguments to
 get one partial attention; kernels.reference.merge_states combines two partials exactly.
+Split-K: with num_splits S > 1 each program takes 1/S of the prefix pages (the last also the
+blocks) and writes an fp32 partial; kernels.merge.merge_partials combines them (GPU: S is chosen
+so that about two programs run per SM).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_shape, check_tensor, next_pow2
+from .merge import merge_partials
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _INTS = (torch.int32,)
@@ -41,8 +45,8 @@ def _branch_attn_kernel(
         q_ptr, kc_ptr, vc_ptr, bt_ptr, plen_ptr, pvis_ptr, kb_ptr, vb_ptr, mask_ptr,
         out_ptr, m_ptr, l_ptr,
         sq_r, sq_b, sq_t, sq_h, sc_p, sc_s, sc_h, sbt_r, sb_r, sb_b, sb_t, sb_h,
-        sm_r, sm_b, sm_q, so_r, so_b, so_t, so_h,
-        NB, QL, BL, KVH, qk_scale,
+        sm_r, sm_b, sm_q, so_r, so_b, so_t, so_h, so_s, ss_s,
+        NB, QL, BL, KVH, NS, qk_scale,
         G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
         HAS_PREFIX: tl.constexpr, HAS_PVIS: tl.constexpr, HAS_BLOCK: tl.constexpr,
         HAS_MASK: tl.constexpr, STATE: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
@@ -50,6 +54,7 @@ def _branch_attn_kernel(
     pid_m = tl.program_id(0)
     row = tl.program_id(1) // KVH
     kvh = tl.program_id(1) % KVH
+    split = tl.program_id(2)  # split-K over the prefix; the last split also takes the blocks
     T = NB * QL * G
     t = pid_m * BM + tl.arange(0, BM)  # packed query rows: (branch, position, head in group)
     t_ok = t < T
@@ -70,7 +75,8 @@ def _branch_attn_kernel(
         vis_len = tl.zeros([BM], dtype=tl.int32) + plen
         if HAS_PVIS:
             vis_len = tl.minimum(vis_len, tl.load(pvis_ptr + row * NB + b, mask=t_ok, other=0))
-        for j0 in range(0, plen, BN):
+        per = tl.cdiv(tl.cdiv(plen, BN), NS) * BN
+        for j0 in range(split * per, tl.minimum(plen, split * per + per), BN):
             j = j0 + tl.arange(0, BN)
             j_ok = j < plen
             page = tl.load(bt_ptr + row * sbt_r + j // PS, mask=j_ok, other=0).to(tl.int64)
@@ -87,7 +93,8 @@ def _branch_attn_kernel(
         # only the blocks of the branches present in this tile
         b_lo = (pid_m * BM) // (QL * G)
         b_hi = tl.minimum(pid_m * BM + BM - 1, T - 1) // (QL * G)
-        for u0 in range(b_lo * BL, (b_hi + 1) * BL, BN):
+        u_hi = tl.where(split == NS - 1, (b_hi + 1) * BL, b_lo * BL)
+        for u0 in range(b_lo * BL, u_hi, BN):
             u = u0 + tl.arange(0, BN)
             u_ok = u < (b_hi + 1) * BL
             kb = u // BL
@@ -106,11 +113,13 @@ def _branch_attn_kernel(
             s = tl.where(vis, s, float("-inf"))
             acc, m_i, l_i = _online_step(acc, m_i, l_i, s, v, PREC)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o_off = row.to(tl.int64) * so_r + b * so_b + qp * so_t + head * so_h
+    o_off = (split.to(tl.int64) * so_s + row.to(tl.int64) * so_r + b * so_b + qp * so_t
+             + head * so_h)
     tl.store(out_ptr + o_off[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=t_ok[:, None] & d_ok[None, :])
     if STATE:
-        s_off = (row.to(tl.int64) * NB * QL + b * QL + qp) * (KVH * G) + head
+        s_off = (split.to(tl.int64) * ss_s + (row.to(tl.int64) * NB * QL + b * QL + qp) * (KVH * G)
+                 + head)
         tl.store(m_ptr + s_off, m_i * 0.6931471805599453, mask=t_ok)  # log2 -> natural units
         tl.store(l_ptr + s_off, l_i, mask=t_ok)
 
@@ -177,6 +186,7 @@ def branch_attention(
     validate: bool = True,
     block_m: int | None = None,
     block_n: int | None = None,
+    num_splits: int | None = None,  # split-K over the prefix; None = auto (1 on CPU)
 ):
     """Returns out [rows, branches, q_len, heads, dim] (q.dtype), and with return_state also
     m, l [rows, branches, q_len, heads] fp32 (module docstring). Give the prefix arguments, the
@@ -206,16 +216,27 @@ def branch_attention(
     scale = d ** -0.5 if scale is None else float(scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale: must be a positive finite number, got {scale}")
-    out = torch.empty(rows, nb, ql, h, d, dtype=q.dtype, device=q.device)
-    m = l_ = out  # placeholders when no state is asked for
-    if return_state:
-        m = torch.empty(rows, nb, ql, h, dtype=torch.float32, device=q.device)
-        l_ = torch.empty(rows, nb, ql, h, dtype=torch.float32, device=q.device)
     g = h // kvh
     total = nb * ql * g
     gpu = q.device.type == "cuda"
     bm = block_m or max(16, min(64 if gpu else 16, next_pow2(total)))
     bn = block_n or (64 if gpu else 16)
+    programs = triton.cdiv(total, bm) * rows * kvh
+    cap = block_table.shape[1] * k_cache.shape[1] if has_prefix else 0
+    ns = num_splits or _auto_splits(q, programs, cap, bn)
+    if ns < 1:
+        raise ValueError(f"num_splits: must be >= 1, got {ns}")
+    dev = q.device
+    if ns == 1:
+        out = torch.empty(rows, nb, ql, h, d, dtype=q.dtype, device=dev)
+        m = l_ = out  # placeholders when no state is asked for
+        if return_state:
+            m = torch.empty(rows, nb, ql, h, dtype=torch.float32, device=dev)
+            l_ = torch.empty(rows, nb, ql, h, dtype=torch.float32, device=dev)
+    else:  # fp32 partials per split, merged below
+        out = torch.empty(ns, rows, nb, ql, h, d, dtype=torch.float32, device=dev)
+        m = torch.empty(ns, rows, nb, ql, h, dtype=torch.float32, device=dev)
+        l_ = torch.empty(ns, rows, nb, ql, h, dtype=torch.float32, device=dev)
     z = (0,) * 4
     kc, vc = (k_cache, v_cache) if has_prefix else (q, q)
     bt = block_table if has_prefix else out
@@ -223,19 +244,28 @@ def branch_attention(
     mask = blk_mask.view(torch.int8) if blk_mask is not None else out
     sm = ((blk_mask.stride(0) if blk_mask.dim() == 4 else 0, *blk_mask.stride()[-3:-1])
           if blk_mask is not None else (0, 0, 0))
-    grid = (triton.cdiv(total, bm), rows * kvh)
+    so = out.stride()[-5:-1]
     if total and rows:
-        _branch_attn_kernel[grid](
+        _branch_attn_kernel[(triton.cdiv(total, bm), rows * kvh, ns)](
             q, kc, vc, bt, prefix_lens if has_prefix else out,
             prefix_visible if prefix_visible is not None else out, kb, vb, mask, out, m, l_,
             *q.stride()[:4], *(kc.stride()[:3] if has_prefix else z[:3]),
             bt.stride(0) if has_prefix else 0, *(kb.stride()[:4] if has_block else z),
-            *sm, *out.stride()[:4], nb, ql, k_blk.shape[2] if has_block else 0, kvh,
-            scale * _LOG2E,
+            *sm, *so, out.stride(0) if ns > 1 else 0, m.stride(0) if ns > 1 else 0,
+            nb, ql, k_blk.shape[2] if has_block else 0, kvh, ns, scale * _LOG2E,
             G=g, D=d, PS=k_cache.shape[1] if has_prefix else 1, HAS_PREFIX=has_prefix,
             HAS_PVIS=prefix_visible is not None, HAS_BLOCK=has_block,
-            HAS_MASK=blk_mask is not None, STATE=return_state,
+            HAS_MASK=blk_mask is not None, STATE=return_state or ns > 1,
             PREC="ieee" if q.dtype == torch.float32 or not gpu else "tf32", BM=bm, BN=bn,
-            UPCAST=not gpu and q.dtype == torch.bfloat16,
-            BD=next_pow2(max(d, 16)))
+            UPCAST=not gpu and q.dtype == torch.bfloat16, BD=next_pow2(max(d, 16)))
+    if ns > 1:
+        return merge_partials(out, m, l_, dtype=q.dtype, return_state=return_state)
     return (out, m, l_) if return_state else out
+
+
+def _auto_splits(q, programs: int, cap_tokens: int, bn: int) -> int:
+    """Split the prefix until about two programs per SM run (GPU only), >= 4 key tiles each."""
+    if q.device.type != "cuda" or not cap_tokens or not programs:
+        return 1
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    return max(1, min(-(-2 * sms // programs), 16, cap_tokens // (4 * bn)))

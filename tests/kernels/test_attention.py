@@ -15,6 +15,7 @@ from tests.kernels._util import CUDA, DEV, direct, poison_empty
 
 pytestmark = direct
 attn = pytest.importorskip("kernels.attention")
+merge = pytest.importorskip("kernels.merge")
 
 
 def make_case(rows, nb, ql, bl, h, kvh, d, ps, lens, seed, dtype=torch.float32, mask="dense"):
@@ -86,6 +87,34 @@ def test_gpu_tile_sizes_in_interpreter(monkeypatch):
     case = make_case(2, 7, 3, 5, 8, 2, 64, 16, [90, 7], seed=2, mask="random")
     out = attn.branch_attention(**case, block_m=64, block_n=64)
     torch.testing.assert_close(out.cpu(), ref_of(case)[0], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("splits", [2, 5])
+def test_split_k_matches_reference(monkeypatch, splits):
+    poison_empty(monkeypatch, attn)
+    case = make_case(3, 7, 2, 3, 8, 2, 64, 16, [1, 70, 33], seed=4, mask="random")
+    pv = torch.randint(0, 80, (3, 7), dtype=torch.int32).to(DEV)
+    got = attn.branch_attention(**case, prefix_visible=pv, return_state=True, num_splits=splits)
+    want = ref_of(case, prefix_visible=pv)
+    for name, g, w in zip(["out", "m", "l"], got, want):
+        torch.testing.assert_close(g.cpu(), w, rtol=2e-5, atol=2e-5, msg=name)
+
+
+def test_merge_partials_kernel(monkeypatch):
+    poison_empty(monkeypatch, merge)
+    g = torch.Generator().manual_seed(0)
+    out = torch.randn(3, 5, 4, 40, generator=g)
+    m = torch.randn(3, 5, 4, generator=g) * 4
+    lsum = torch.rand(3, 5, 4, generator=g) + 0.1
+    out[1, 2], m[1, 2], lsum[1, 2] = 0, -math.inf, 0  # an empty partial
+    out[:, 4], m[:, 4], lsum[:, 4] = 0, -math.inf, 0  # nothing anywhere
+    want = (out[0], m[0], lsum[0])
+    for s in (1, 2):
+        want = ref.merge_states(*want, out[s], m[s], lsum[s])
+    got = merge.merge_partials(out.to(DEV), m.to(DEV), lsum.to(DEV))
+    for g_, w in zip(got, want):
+        torch.testing.assert_close(g_.cpu(), w, rtol=1e-5, atol=1e-6)
+    assert (got[0][4] == 0).all() and torch.isneginf(got[1][4]).all()
 
 
 def test_prefix_and_block_partials_merge_to_full(monkeypatch):
