@@ -31,6 +31,7 @@ def parse():
     p.add_argument("--device", default="cuda")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes, few iterations")
     p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--no-flex", action="store_true", help="skip flex_attention (compile time)")
     return p.parse_args()
 
 
@@ -42,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from kernels import reference as ref  # noqa: E402
-from kernels.attention import branch_attention  # noqa: E402
+from kernels.attention import _auto_splits, branch_attention  # noqa: E402
 from kernels.gate import fold_plan, take_rows  # noqa: E402
 
 DEV = torch.device(ARGS.device)
@@ -140,6 +141,10 @@ def flex_inputs(c, compiled: bool):
     return (lambda: fn(q, k, v, block_mask=bm, enable_gqa=True)), q
 
 
+PREFIX_ARGS = ("q", "k_cache", "v_cache", "block_table", "prefix_lens")
+BLOCK_ARGS = ("q", "k_blk", "v_blk", "blk_mask")
+
+
 def bench_attention(ceiling, records):
     shapes = [("8B", 32, 8, 128), ("code-dllm", 6, 2, 64)]
     prefixes, rows_list = ([40], [2]) if ARGS.dry_run else ([1024, 4096], [1, 8])
@@ -163,8 +168,18 @@ def bench_attention(ceiling, records):
             rows_, nb, ql, h_, d_ = c["q"].shape
             return o.reshape(rows_, nb, h_, ql, d_).transpose(2, 3) if o.shape[0] != rows_ \
                 else o.reshape(rows_, h_, nb, ql, d_).permute(0, 2, 3, 1, 4)
+        def folded_path(c=c):  # SpecFold: prefix state and own-block state, merged
+            pre = branch_attention(**{k: c[k] for k in PREFIX_ARGS}, return_state=True,
+                                   validate=False)
+            blk = branch_attention(**{k: c[k] for k in BLOCK_ARGS}, return_state=True,
+                                   validate=False)
+            return ref.merge_states(*pre, *blk)[0]
         variants = {
-            "triton branch_attention": lambda c=c: branch_attention(**c, validate=False),
+            "triton branch_attention, 1 split": lambda c=c: branch_attention(
+                **c, validate=False, num_splits=1),
+            "triton branch_attention, auto splits": lambda c=c: branch_attention(
+                **c, validate=False, num_splits=2 if ARGS.dry_run else None),
+            "triton prefix + block partials, torch merge_states": folded_path,
             "torch reference (fp32)": lambda c=c: ref.attention(**c)[0],
             "sdpa, prefix copied per branch (copy timed)": run_sdpa,
         }
@@ -174,7 +189,7 @@ def bench_attention(ceiling, records):
                 pre[0], pre[1], pre[2], attn_mask=pre[3], enable_gqa=True))
         for label, compiled in (("flex_attention compiled, shared prefix", True),
                                 ("flex_attention eager, shared prefix", False)):
-            if compiled and (ARGS.dry_run or DEV.type != "cuda"):
+            if ARGS.no_flex or compiled and (ARGS.dry_run or DEV.type != "cuda"):
                 continue
             try:
                 variants[label] = flex_inputs(c, compiled)[0]
@@ -189,6 +204,11 @@ def bench_attention(ceiling, records):
                 rec["ms"] = timed(fn)
                 rec["gbps"] = nbytes / rec["ms"] / 1e6
                 rec["of_ceiling"] = rec["gbps"] / ceiling
+                if "auto splits" in label and not ARGS.dry_run:
+                    rows_, nb_, ql_, h_, _ = c["q"].shape
+                    progs = math.ceil(nb_ * ql_ * (h_ // kvh) / 64) * rows_ * kvh
+                    rec["num_splits"] = _auto_splits(
+                        c["q"], progs, c["block_table"].shape[1] * c["k_cache"].shape[1], 64)
             except Exception as e:
                 rec["error"] = repr(e)
                 traceback.print_exc()
