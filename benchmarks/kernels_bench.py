@@ -253,7 +253,7 @@ def bench_gate(ceiling, records):
             if op == "fold_plan" and label.startswith("triton"):
                 fin = torch.isfinite(want[0])
                 rec["max_abs_err"] = float((plan.rho - want[0])[fin].abs().max())
-                rec["exact_plan"] = exact
+                rec["exact_plan"] = rec["ok"] = exact
             try:
                 rec["ms"] = timed(fn)
                 rec["gbps"] = nbytes / rec["ms"] / 1e6
@@ -263,6 +263,56 @@ def bench_gate(ceiling, records):
                 traceback.print_exc()
             records.append(rec)
             print(row_md(rec), flush=True)
+
+
+CHECKS = [  # rows, branches, q_len, blk_len, heads, kv_heads, dim, page, ragged prefix lens
+    (2, 1, 3, 3, 4, 4, 64, 16, [37, 0]), (2, 7, 5, 6, 8, 1, 128, 64, [700, 5]),
+    (3, 7, 2, 4, 8, 2, 64, 16, [1, 333, 16]), (1, 8, 16, 16, 32, 8, 128, 16, [4096]),
+]
+
+
+def check_case(rows, nb, ql, bl, h, kvh, d, ps, lens, dtype, seed):
+    """Random inputs; pages no row uses are NaN (reading them would show). Random tree-ish mask."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    per = max(1, max(math.ceil(n / ps) for n in lens))
+    kc = torch.full((rows * per + 2, ps, kvh, d), math.nan)
+    vc = kc.clone()
+    bt = torch.randperm(rows * per + 2, generator=g)[: rows * per].view(rows, per).int()
+    for r, n in enumerate(lens):
+        for p in range(math.ceil(n / ps)):
+            kc[bt[r, p]] = torch.randn(ps, kvh, d, generator=g)
+            vc[bt[r, p]] = torch.randn(ps, kvh, d, generator=g)
+    c = dict(q=torch.randn(rows, nb, ql, h, d, generator=g), k_cache=kc, v_cache=vc,
+             block_table=bt, prefix_lens=torch.tensor(lens, dtype=torch.int32),
+             k_blk=torch.randn(rows, nb, bl, kvh, d, generator=g),
+             v_blk=torch.randn(rows, nb, bl, kvh, d, generator=g),
+             blk_mask=torch.rand(rows, nb, ql, bl, generator=g) < 0.6,
+             prefix_visible=torch.randint(0, max(lens) + 2, (rows, nb), generator=g).int())
+    return {k: v.to(DEV, dtype) if v.is_floating_point() else v.to(DEV) for k, v in c.items()}
+
+
+def correctness_checks(records):
+    """Odd sizes, compiled: kernel vs reference (fp32 tol 1e-4 with TF32 off, bf16 3e-2)."""
+    for i, shape in enumerate(CHECKS[:1] if ARGS.dry_run else CHECKS):
+        for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+            for splits in (1, 3):
+                rec = dict(op="check attention", shape=str(shape), variant=f"{dtype} S={splits}")
+                try:
+                    c = check_case(*shape, dtype, seed=i)
+                    got = branch_attention(**c, return_state=True, num_splits=splits)
+                    want = ref.attention(**{k: v.float() if v.is_floating_point() else v
+                                            for k, v in c.items()})
+                    errs = [float((a.float() - b).nan_to_num(0, 9e9, -9e9).abs().max())
+                            for a, b in zip(got, want)]
+                    fin = torch.isfinite(want[1])
+                    errs[1] = float((got[1] - want[1])[fin].abs().max()) if fin.any() else 0.0
+                    same_inf = torch.equal(torch.isneginf(got[1]), torch.isneginf(want[1]))
+                    rec.update(max_abs_err=max(errs), ok=max(errs) <= tol and same_inf)
+                except Exception as e:
+                    rec.update(error=repr(e), ok=False)
+                records.append(rec)
+                print(f"| {rec['op']} | {rec['shape']} | {rec['variant']} | ok={rec['ok']} "
+                      f"err={rec.get('max_abs_err', rec.get('error'))} | | | |", flush=True)
 
 
 def row_md(r) -> str:
@@ -290,11 +340,12 @@ def main() -> None:
     print(f"{info}\n\n| op | shape | variant | us | GB/s | of copy ceiling | max abs err |")
     print("|---|---|---|---|---|---|---|")
     records = []
-    for part in (bench_gate, bench_attention):
+    for part in (correctness_checks, bench_gate, bench_attention):
         try:
-            part(ceiling, records)
+            part(records) if part is correctness_checks else part(ceiling, records)
         except Exception:
             traceback.print_exc()
+    info["all_checks_ok"] = all(r.get("ok", True) for r in records)
     (out / "kernels_bench.json").write_text(json.dumps(dict(info=info, rows=records), indent=1))
     print(f"\nwrote {out / 'kernels_bench.json'}")
 
