@@ -214,6 +214,7 @@ def bench_attention(ceiling, records):
                 traceback.print_exc()
             records.append(rec)
             print(row_md(rec), flush=True)
+        save(records)
 
 
 def gate_cases(h, parent, x, plan, m):
@@ -315,6 +316,17 @@ def correctness_checks(records):
                       f"err={rec.get('max_abs_err', rec.get('error'))} | | | |", flush=True)
 
 
+INFO: dict = {}
+
+
+def save(records) -> None:
+    """Rewrite the JSON after every configuration, so a run cut short still leaves its rows."""
+    out = Path(ARGS.out)
+    out.mkdir(parents=True, exist_ok=True)
+    INFO["all_checks_ok"] = all(r.get("ok", True) for r in records)
+    (out / "kernels_bench.json").write_text(json.dumps(dict(info=INFO, rows=records), indent=1))
+
+
 def row_md(r) -> str:
     if "error" in r:
         return f"| {r['op']} | {r['shape']} | {r['variant']} | error: {r['error'][:80]} | | | |"
@@ -324,9 +336,8 @@ def row_md(r) -> str:
 
 
 def main() -> None:
-    out = Path(ARGS.out)
-    out.mkdir(parents=True, exist_ok=True)
-    info = dict(torch=torch.__version__, python=platform.python_version(), device=str(DEV),
+    info = INFO
+    info.update(torch=torch.__version__, python=platform.python_version(), device=str(DEV),
                 dry_run=ARGS.dry_run, iters=ITERS)
     try:
         import triton
@@ -345,9 +356,10 @@ def main() -> None:
             part(records) if part is correctness_checks else part(ceiling, records)
         except Exception:
             traceback.print_exc()
-    info["all_checks_ok"] = all(r.get("ok", True) for r in records)
-    (out / "kernels_bench.json").write_text(json.dumps(dict(info=info, rows=records), indent=1))
-    print(f"\nwrote {out / 'kernels_bench.json'}")
+        save(records)
+    save(records)
+    print(f"\nwrote {Path(ARGS.out) / 'kernels_bench.json'}; all checks ok: "
+          f"{INFO['all_checks_ok']}")
 
 
 if __name__ == "__main__":
