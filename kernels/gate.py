@@ -1,0 +1,188 @@
+"""SpecFold residual gate, fold-source resolution and compaction (Triton; spec in reference.py).
+
+Terms (see kernels/reference.py): rho per (branch, position) against the parent branch at the same
+position, *folded* = rho <= delta (roots never), *source* = flat row (branch * positions + n) of the
+nearest recomputed ancestor, *rows* = the recomputed flat rows packed densely (ascending, -1 pad),
+*slot* = compact index of each row's source, so `take_rows(y_compact, slot)` scatters results back
+and hands every folded position its source's values in one pass. Requires parent[i] < i.
+Launches: gate (one program per row), resolve (parallel), compact (one program: a chunked scan),
+slot (parallel). Nothing syncs with the host; `count` stays on the device (CUDA-graph friendly).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import check_shape, check_tensor, next_pow2
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_INTS = (torch.int32, torch.int64)
+
+
+@triton.jit
+def _gate_kernel(h_ptr, parent_ptr, rho_ptr, fold_ptr, N, D, delta, eps,
+                 BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)  # flat (branch, position)
+    b = row // N
+    n = row % N
+    par = tl.load(parent_ptr + b).to(tl.int32)
+    par_row = tl.maximum(par, 0) * N + n
+    num = tl.zeros([BLOCK_D], dtype=tl.float32)
+    den = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        offs = d0 + tl.arange(0, BLOCK_D)
+        m = offs < D
+        x = tl.load(h_ptr + row.to(tl.int64) * D + offs, mask=m, other=0.0).to(tl.float32)
+        p = tl.load(h_ptr + par_row.to(tl.int64) * D + offs, mask=m, other=0.0).to(tl.float32)
+        num += (x - p) * (x - p)
+        den += p * p
+    rho = tl.sqrt(tl.sum(num, 0)) / tl.maximum(tl.sqrt(tl.sum(den, 0)), eps)
+    rho = tl.where(par < 0, float("inf"), rho)
+    tl.store(rho_ptr + row, rho)
+    tl.store(fold_ptr + row, (rho <= delta).to(tl.int8))
+
+
+@triton.jit
+def _resolve_kernel(fold_ptr, parent_ptr, src_ptr, T, N, NB, BLOCK: tl.constexpr):
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = r < T
+    n = r % N
+    cur = r // N
+    for _ in range(NB):  # a fold chain is at most NB - 1 long
+        f = tl.load(fold_ptr + cur * N + n, mask=ok, other=0)
+        par = tl.load(parent_ptr + cur, mask=ok, other=0).to(tl.int32)
+        cur = tl.where((f != 0) & (par >= 0), par, cur)
+    tl.store(src_ptr + r, cur * N + n, mask=ok)
+
+
+@triton.jit
+def _compact_kernel(src_ptr, rows_ptr, rank_ptr, count_ptr, T, BLOCK: tl.constexpr):
+    carry = tl.full([], 0, tl.int32)
+    for start in range(0, T, BLOCK):
+        r = start + tl.arange(0, BLOCK)
+        ok = r < T
+        s = tl.load(src_ptr + r, mask=ok, other=-1)
+        keep = (s == r) & ok
+        rank = carry + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(rows_ptr + rank, r, mask=keep)
+        tl.store(rank_ptr + r, rank, mask=keep)
+        carry += tl.sum(keep.to(tl.int32), 0)
+    tl.store(count_ptr, carry)
+    for start in range(0, T, BLOCK):  # pad: disjoint from the slots written above
+        r = start + tl.arange(0, BLOCK)
+        tl.store(rows_ptr + r, tl.full([BLOCK], -1, tl.int32), mask=(r < T) & (r >= carry))
+
+
+@triton.jit
+def _slot_kernel(src_ptr, rank_ptr, slot_ptr, T, BLOCK: tl.constexpr):
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = r < T
+    s = tl.load(src_ptr + r, mask=ok, other=0)
+    tl.store(slot_ptr + r, tl.load(rank_ptr + s, mask=ok, other=0), mask=ok)
+
+
+@triton.jit
+def _take_rows_kernel(x_ptr, idx_ptr, out_ptr, D, BLOCK_D: tl.constexpr):
+    i = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    j = tl.load(idx_ptr + i + offs * 0).to(tl.int64)  # broadcast to the tile
+    m = offs < D
+    x = tl.load(x_ptr + tl.maximum(j, 0) * D + offs, mask=m & (j >= 0), other=0.0)
+    tl.store(out_ptr + i.to(tl.int64) * D + offs, x, mask=m)
+
+
+def check_parent(parent: torch.Tensor) -> None:
+    """parent [branches]: every entry -1 or an earlier branch (a forest in topological order).
+    Reads the values on the host (a sync on GPU): hot loops check once, then pass validate=False."""
+    ar = torch.arange(parent.shape[0], device=parent.device)
+    bad = (parent < -1) | (parent >= ar)
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(f"parent[{i}]: must be -1 or in [0, {i}), got {int(parent[i])}")
+
+
+def gate(hidden: torch.Tensor, parent: torch.Tensor, delta: float = 0.1, eps: float = 1e-12,
+         validate: bool = True):
+    """hidden [branches, positions, dim] float, parent [branches] int (-1 root, else < index).
+    Returns rho [branches, positions] fp32 (+inf for roots), folded [branches, positions] bool."""
+    check_tensor("hidden", hidden, 3, _FLOATS)
+    check_tensor("parent", parent, 1, _INTS, hidden.device)
+    nb, n, d = hidden.shape
+    check_shape("parent", parent, (nb,))
+    if validate:
+        check_parent(parent)
+    if not delta >= 0:
+        raise ValueError(f"delta: must be >= 0, got {delta}")
+    rho = torch.empty(nb, n, dtype=torch.float32, device=hidden.device)
+    folded = torch.empty(nb, n, dtype=torch.int8, device=hidden.device)
+    if nb * n:
+        _gate_kernel[(nb * n,)](hidden, parent, rho, folded, n, d, float(delta), float(eps),
+                                BLOCK_D=min(next_pow2(d), 1024))
+    return rho, folded.view(torch.bool)
+
+
+def resolve_sources(folded: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
+    """folded [branches, positions] bool, parent [branches] int
+    -> src [branches, positions] int32 (flat source rows)."""
+    check_tensor("folded", folded, 2, (torch.bool,))
+    check_tensor("parent", parent, 1, _INTS, folded.device)
+    nb, n = folded.shape
+    check_shape("parent", parent, (nb,))
+    src = torch.empty(nb, n, dtype=torch.int32, device=folded.device)
+    t, block = nb * n, 256
+    if t:
+        _resolve_kernel[(triton.cdiv(t, block),)](folded.view(torch.int8), parent, src, t, n, nb,
+                                                  BLOCK=block)
+    return src
+
+
+def compact(src: torch.Tensor):
+    """src [branches, positions] int32 -> rows [T] int32 (recomputed rows, then -1),
+    slot [T] int32, count [1] int32 (on the device); T = branches * positions."""
+    check_tensor("src", src, 2, (torch.int32,))
+    t = src.numel()
+    dev = src.device
+    rows = torch.empty(t, dtype=torch.int32, device=dev)
+    slot = torch.empty(t, dtype=torch.int32, device=dev)
+    rank = torch.empty(t, dtype=torch.int32, device=dev)
+    count = torch.empty(1, dtype=torch.int32, device=dev)
+    _compact_kernel[(1,)](src, rows, rank, count, t, BLOCK=1024)
+    if t:
+        _slot_kernel[(triton.cdiv(t, 256),)](src, rank, slot, t, BLOCK=256)
+    return rows, slot, count
+
+
+def take_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x [M, dim], idx [T] int32 (-1 = zero row; others must be < M) -> out [T, dim], x.dtype.
+    Gather to the compact batch with idx = rows; scatter back (and fan out to folded rows) with
+    idx = slot."""
+    check_tensor("x", x, 2)
+    check_tensor("idx", idx, 1, (torch.int32,), x.device)
+    t, d = idx.shape[0], x.shape[1]
+    out = torch.empty(t, d, dtype=x.dtype, device=x.device)
+    if t and d:
+        block_d = min(next_pow2(d), 1024)
+        _take_rows_kernel[(t, triton.cdiv(d, block_d))](x, idx, out, d, BLOCK_D=block_d)
+    return out
+
+
+class FoldPlan(NamedTuple):
+    rho: torch.Tensor  # [branches, positions] fp32
+    folded: torch.Tensor  # [branches, positions] bool
+    src: torch.Tensor  # [branches, positions] int32 flat source row
+    rows: torch.Tensor  # [T] int32 recomputed rows then -1
+    slot: torch.Tensor  # [T] int32 compact index of each row's source
+    count: torch.Tensor  # [1] int32 number of recomputed rows
+
+
+def fold_plan(hidden: torch.Tensor, parent: torch.Tensor, delta: float = 0.1,
+              validate: bool = True) -> FoldPlan:
+    """All four steps for one layer: hidden [branches, positions, dim], parent [branches]."""
+    rho, folded = gate(hidden, parent, delta, validate=validate)
+    src = resolve_sources(folded, parent)
+    rows, slot, count = compact(src)
+    return FoldPlan(rho, folded, src, rows, slot, count)

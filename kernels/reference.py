@@ -1,0 +1,159 @@
+"""Pure-torch references (the spec) for every op in `kernels`.
+
+Terms. A *branch* is one draft sequence; `parent[i]` is the branch it was derived from (-1 = root).
+*rho* = ||H_i[n] - H_par(i)[n]|| / ||H_par(i)[n]||; a position is *folded* when rho <= delta (roots
+never are). A folded position reuses the projections of its *source*: the nearest non-folded
+ancestor at the same position. *Compaction* packs the recomputed (non-folded) rows into one dense
+batch; `slot[r]` is where row r's values live in that batch. Attention *state* (m, l): m = max of
+the scaled scores s = scale * q.k (natural-log units), l = sum exp(s - m); no visible key gives
+out = 0, m = -inf, l = 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def gate(hidden: torch.Tensor, parent: torch.Tensor, delta: float, eps: float = 1e-12):
+    """Residual ratio and folded mask. rho is +inf for roots.
+
+    hidden,  # [branches, positions, dim]
+    parent,  # [branches] int, -1 = root, else an index < branch
+    returns rho [branches, positions] fp32, folded [branches, positions] bool."""
+    h = hidden.float()
+    root = parent < 0
+    par = h[parent.clamp(min=0).long()]
+    num = (h - par).norm(dim=-1)
+    den = par.norm(dim=-1)
+    rho = num / den.clamp(min=eps)
+    rho = torch.where(root[:, None], torch.full_like(rho, math.inf), rho)
+    return rho, rho <= delta
+
+
+def resolve_sources(folded: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
+    """Flat row (branch * positions + n) of each position's source.
+
+    folded,  # [branches, positions] bool (roots never folded)
+    parent,  # [branches] int
+    returns [branches, positions] int32."""
+    nb, n = folded.shape
+    dev = folded.device
+    cur = torch.arange(nb, device=dev)[:, None].expand(nb, n).clone()
+    pos = torch.arange(n, device=dev)[None].expand(nb, n)
+    for _ in range(nb):
+        par = parent.long()[cur]
+        cur = torch.where(folded[cur, pos] & (par >= 0), par, cur)
+    return (cur * n + pos).to(torch.int32)
+
+
+def compact(src: torch.Tensor):
+    """Dense batch of the recomputed rows.
+
+    src,  # [branches, positions] int32 from resolve_sources
+    returns rows [T] int32 (recomputed flat rows ascending, then -1), slot [T] int32
+    (compact index of each row's source), count [1] int32; T = branches * positions."""
+    flat = src.reshape(-1).long()
+    t = flat.numel()
+    keep = flat == torch.arange(t, device=flat.device)
+    rank = torch.cumsum(keep.long(), 0) - 1
+    idx = torch.nonzero(keep).reshape(-1)
+    rows = torch.full((t,), -1, dtype=torch.int32, device=flat.device)
+    rows[: idx.numel()] = idx.to(torch.int32)
+    slot = rank[flat].to(torch.int32)
+    return rows, slot, torch.tensor([idx.numel()], dtype=torch.int32, device=flat.device)
+
+
+def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x [T, dim], rows [T] (-1 = padding) -> [T, dim]; padding rows are zero."""
+    out = x[rows.clamp(min=0).long()].clone()
+    out[rows < 0] = 0
+    return out
+
+
+def scatter_rows(y: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """y [M, dim] (compact results), slot [T] -> [T, dim]; folded rows get their source's row."""
+    return y[slot.long()].clone()
+
+
+def fold_plan(hidden: torch.Tensor, parent: torch.Tensor, delta: float = 0.1):
+    """Reference of kernels.gate.fold_plan: (rho, folded, src, rows, slot, count)."""
+    rho, folded = gate(hidden, parent, delta)
+    src = resolve_sources(folded, parent)
+    return (rho, folded, src, *compact(src))
+
+
+def paged_prefix(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """cache [pages, page_size, kv_heads, dim], block_table [max_pages]
+    -> [length, kv_heads, dim] (a gather: the reference materialises, the kernel does not)."""
+    ps = cache.shape[1]
+    j = torch.arange(length, device=cache.device)
+    return cache[block_table.long()[j // ps], j % ps]
+
+
+def attention(q, k_cache=None, v_cache=None, block_table=None, prefix_lens=None, k_blk=None,
+              v_blk=None, blk_mask=None, prefix_visible=None, scale=None):
+    """Reference of kernels.attention.branch_attention (same arguments, see there).
+
+    Materialises every branch's keys (prefix then own block) and runs a dense fp32 softmax.
+    returns out [rows, branches, q_len, heads, dim] (q.dtype),
+    m, l [rows, branches, q_len, heads] fp32."""
+    rows, nb, ql, h, d = q.shape
+    dev = q.device
+    scale = d ** -0.5 if scale is None else scale
+    outs, ms, ls = [], [], []
+    for r in range(rows):
+        ks, vs, vis = [], [], []
+        if k_cache is not None:
+            plen = int(prefix_lens[r])
+            kp = paged_prefix(k_cache, block_table[r], plen)  # [plen, kvh, d]
+            vp = paged_prefix(v_cache, block_table[r], plen)
+            ks.append(kp[None].expand(nb, -1, -1, -1))  # zero-copy view over branches
+            vs.append(vp[None].expand(nb, -1, -1, -1))
+            pv = torch.full((nb,), plen, device=dev)
+            if prefix_visible is not None:
+                pv = prefix_visible[r].clamp(max=plen)
+            seen = torch.arange(plen, device=dev)[None] < pv[:, None]  # [nb, plen]
+            vis.append(seen[:, None].expand(nb, ql, plen))
+        if k_blk is not None:
+            ks.append(k_blk[r])
+            vs.append(v_blk[r])
+            bl = k_blk.shape[2]
+            if blk_mask is None:
+                vis.append(torch.ones(nb, ql, bl, dtype=torch.bool, device=dev))
+            else:
+                vis.append(blk_mask[r] if blk_mask.dim() == 4 else blk_mask)
+        k = torch.cat(ks, 1).float()  # [nb, L, kvh, d]
+        v = torch.cat(vs, 1).float()
+        visible = torch.cat(vis, 2)  # [nb, ql, L]
+        g = h // k.shape[2]
+        k = k.repeat_interleave(g, dim=2)
+        v = v.repeat_interleave(g, dim=2)
+        s = torch.einsum("bqhd,bkhd->bhqk", q[r].float(), k) * scale
+        s = s.masked_fill(~visible[:, None], -math.inf)
+        m = s.amax(-1)  # [nb, h, ql]
+        m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        p = torch.exp(s - m_safe[..., None])
+        lsum = p.sum(-1)
+        o = torch.einsum("bhqk,bkhd->bqhd", p, v) / lsum.clamp(min=1e-30).transpose(1, 2)[..., None]
+        outs.append(o)
+        ms.append(m.transpose(1, 2))
+        ls.append(lsum.transpose(1, 2))
+    return torch.stack(outs).to(q.dtype), torch.stack(ms), torch.stack(ls)
+
+
+def merge_states(out_a, m_a, l_a, out_b, m_b, l_b):
+    """Exact combination of two partial attentions over disjoint key sets.
+
+    out_*,  # [..., heads, dim] normalised outputs
+    m_*, l_*,  # [..., heads] fp32 state (natural-log units)
+    returns (out, m, l) as if both key sets had been attended at once."""
+    m = torch.maximum(m_a, m_b)
+    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    wa = l_a * torch.exp(m_a - m_safe)
+    wb = l_b * torch.exp(m_b - m_safe)
+    lsum = wa + wb
+    denom = lsum.clamp(min=1e-30)[..., None]
+    out = (wa[..., None] * out_a.float() + wb[..., None] * out_b.float()) / denom
+    return out.to(out_a.dtype), m, lsum

@@ -1,0 +1,25 @@
+"""Runs the kernel tests of this folder in a subprocess with TRITON_INTERPRET=1 (CPU machines)."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.kernels._util import CUDA, INTERPRETED
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(CUDA or INTERPRETED, reason="kernel tests already run in this process")
+def test_kernels_in_triton_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    here = "tests/kernels"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", here,
+           f"--ignore={here}/test_interpreter.py", f"--ignore={here}/test_compile.py"]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-2000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert re.match(r"\d+ passed in ", last), r.stdout[-2000:]  # and nothing skipped
