@@ -1,9 +1,10 @@
 """NFE of block-diffusion decoding with and without Spiffy, side by side on the same prompts.
 
     python benchmarks/spiffy_nfe.py --model ../shared/fixtures/code-dllm \
-        --prompts examples/fixtures/dev-prompts.jsonl --calib 32:40 --eval 0:8 \
+        --prompts examples/fixtures/dev-prompts.jsonl --calib 32:48 --eval 0:8 \
         --max-new-tokens 256 --budgets 3 5 8 10 --out benchmarks/results/spiffy-nfe.json
-Graphs are calibrated on the `--calib` slice of the prompts and evaluated on the disjoint
+Graphs are calibrated on the `--calib` slice of the prompts (the decoder runs once per rule; the
+recorded chains serve every budget and both node selections) and evaluated on the disjoint
 `--eval` slice. Every Spiffy row must reproduce its baseline's tokens exactly (checked).
 """
 
@@ -18,9 +19,10 @@ from datetime import date
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from spiffy_plugin.calibrate import calibrate
+from spiffy_plugin.calibrate import calibration_chains, graph_from_chains, rule_name
 from spiffy_plugin.cli import read_prompts
 from spiffy_plugin.decode import DecodeParams, generate
+from spiffy_plugin.runtime import dllm_spec
 from spiffy_plugin.spiffy import spiffy_generate
 
 
@@ -33,11 +35,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True)
     p.add_argument("--prompts", required=True)
-    p.add_argument("--calib", default="32:40")
+    p.add_argument("--calib", default="32:48")
     p.add_argument("--eval", default="0:8")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--budgets", type=int, nargs="+", default=[3, 5, 8, 10])
     p.add_argument("--threshold", type=float, default=0.9)
+    p.add_argument("--selections", nargs="+", default=["expected-depth", "accumulated-frequency"])
     p.add_argument("--out", default=None)
     a = p.parse_args()
     tok = AutoTokenizer.from_pretrained(a.model)
@@ -57,15 +60,18 @@ def main() -> None:
                      "identical": True, "seconds": round(time.perf_counter() - t0, 1)})
         print(rows[-1], flush=True)
         budgets = a.budgets if rule.threshold is None else [max(a.budgets)]
-        for d in budgets:
-            graph = calibrate(model, calib, d, rule, a.max_new_tokens)
+        chains = calibration_chains(model, calib, rule, a.max_new_tokens)
+        for sel, d in [(sel, d) for sel in a.selections for d in budgets]:
+            graph = graph_from_chains(chains, d, dllm_spec(model.config), rule_name(rule), sel)
             t0 = time.perf_counter()
             fast = [spiffy_generate(model, x, graph, rule, a.max_new_tokens) for x in evals]
             nfe = sum(r.nfe for r in fast)
-            rows.append({"decoder": f"{name} + Spiffy", "D": d, "nfe": nfe, "tokens": toks,
-                         "tokens_per_forward": round(toks / nfe, 3),
+            rows.append({"decoder": f"{name} + Spiffy", "selection": sel, "D": d, "nfe": nfe,
+                         "tokens": toks, "tokens_per_forward": round(toks / nfe, 3),
                          "nfe_reduction": round(nfe0 / nfe, 3),
+                         "nfe_reduction_vs_vanilla": round(rows[0]["nfe"] / nfe, 3),
                          "identical": [r.tokens for r in fast] == [r.tokens for r in base],
+                         "max_depth": max(n.depth for n in graph.nodes),
                          "seconds": round(time.perf_counter() - t0, 1)})
             print(rows[-1], flush=True)
     result = {"date": str(date.today()), "machine": platform.node(), "dtype": "float32",

@@ -4,7 +4,9 @@ Run the decoder on calibration prompts. After each step s (root = the state it p
 distribution it chose from), express the steps actually taken next (s+1, s+2, ... inside the same
 block) as (position rank, token rank) pairs under P; the first k of them form the depth-k node
 that would have predicted the state k steps later. Count nodes, then keep a connected subgraph of
-`budget` nodes (`graph.select_graph`). Deterministic for a fixed seed.
+`budget` nodes: by expected accepted depth on the recorded chains (`graph.select_by_depth`, the
+default) or by degree-1 accumulated frequency (`graph.select_graph`). Deterministic for a fixed
+seed.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import torch
 from tqdm import tqdm
 
 from .decode import choose_unmask, start_decoding, step_distribution
-from .graph import DraftGraph, Node, select_graph
+from .errors import require
+from .graph import SELECTIONS, DraftGraph, Node, select_by_depth, select_graph
 from .params import DecodeParams
 from .runtime import dllm_spec
 
@@ -62,11 +65,14 @@ def record_block_steps(model, prompt: list[int], params: DecodeParams, max_new_t
         logits = st.next_block()
 
 
-def count_nodes(blocks, max_depth: int, max_rank: int) -> Counter:
-    counts: Counter = Counter()
+def record_chains(blocks, max_depth: int, max_rank: int) -> list[list[Node]]:
+    """Per step s of every block: the nodes that would have predicted the states 1, 2, ...
+    steps later (each a parent of the next), up to max_depth or the first rank past max_rank."""
+    chains = []
     for steps in blocks:
         for s, (probs, root_decodable, _, _) in enumerate(steps):
             pairs: list = []
+            chain: list[Node] = []
             for k in range(1, max_depth + 1):
                 if s + k >= len(steps):
                     break
@@ -75,17 +81,43 @@ def count_nodes(blocks, max_depth: int, max_rank: int) -> Counter:
                 if step is None:
                     break
                 pairs += step
-                counts[Node.of(pairs, k)] += 1
-    return counts
+                chain.append(Node.of(pairs, k))
+            chains.append(chain)
+    return chains
+
+
+def count_nodes(blocks, max_depth: int, max_rank: int) -> Counter:
+    return Counter(n for chain in record_chains(blocks, max_depth, max_rank) for n in chain)
+
+
+def calibration_chains(model, prompts: list[list[int]], params: DecodeParams = DecodeParams(),
+                       max_new_tokens: int = 128, max_depth: int = 6,
+                       max_rank: int = 4) -> list[list[Node]]:
+    """Run the decoder on every prompt (tqdm) and return all calibration chains."""
+    chains: list[list[Node]] = []
+    for p in tqdm(prompts, desc="calibrate", unit="prompt"):
+        chains += record_chains(record_block_steps(model, p, params, max_new_tokens), max_depth,
+                                max_rank)
+    return chains
+
+
+def graph_from_chains(chains: list[list[Node]], budget: int, spec, rule: str,
+                      selection: str = "expected-depth") -> DraftGraph:
+    require(selection in SELECTIONS, "selection", f"must be one of {SELECTIONS}, got "
+            f"{selection!r}")
+    counts = Counter(n for chain in chains for n in chain)
+    chosen = select_by_depth(chains, budget) if selection == "expected-depth" else \
+        select_graph(dict(counts), budget)
+    return DraftGraph(tuple(chosen), tuple(counts[n] for n in chosen), spec.block_size,
+                      spec.vocab_size, rule, selection)
 
 
 def calibrate(model, prompts: list[list[int]], budget: int, params: DecodeParams = DecodeParams(),
-              max_new_tokens: int = 128, max_depth: int = 4, max_rank: int = 4) -> DraftGraph:
+              max_new_tokens: int = 128, max_depth: int = 6, max_rank: int = 4,
+              selection: str = "expected-depth") -> DraftGraph:
+    require(budget >= 1, "budget", f"must be >= 1, got {budget}")
+    require(selection in SELECTIONS, "selection", f"must be one of {SELECTIONS}, got "
+            f"{selection!r}")
     spec = dllm_spec(model.config)
-    counts: Counter = Counter()
-    for p in tqdm(prompts, desc="calibrate", unit="prompt"):
-        counts += count_nodes(record_block_steps(model, p, params, max_new_tokens), max_depth,
-                              max_rank)
-    chosen = select_graph(dict(counts), budget)
-    return DraftGraph(tuple(chosen), tuple(counts[n] for n in chosen), spec.block_size,
-                      spec.vocab_size, rule_name(params))
+    chains = calibration_chains(model, prompts, params, max_new_tokens, max_depth, max_rank)
+    return graph_from_chains(chains, budget, spec, rule_name(params), selection)

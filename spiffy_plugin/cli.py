@@ -53,9 +53,10 @@ def cmd_calibrate(args) -> int:
     prompts = read_prompts(args.prompts)[: args.limit]
     model, tok = _load(args.model)
     graph = calibrate(model, [tok(p).input_ids for p in prompts], args.budget, params,
-                      args.max_new_tokens, args.max_depth, args.max_rank)
+                      args.max_new_tokens, args.max_depth, args.max_rank, args.selection)
     graph.save(args.out)
-    print(f"wrote a draft graph of {len(graph.nodes)} nodes ({graph.rule}) to {args.out}")
+    print(f"wrote a draft graph of {len(graph.nodes)} nodes ({graph.rule}, "
+          f"{graph.selection}) to {args.out}")
     return 0
 
 
@@ -96,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--prompts", required=True)
     c.add_argument("--limit", type=int, default=None)
     c.add_argument("--budget", type=int, required=True, help="D: nodes in the graph")
-    c.add_argument("--max-depth", type=int, default=4)
+    c.add_argument("--max-depth", type=int, default=6)
+    c.add_argument("--selection", choices=["expected-depth", "accumulated-frequency"],
+                   default="expected-depth", help="how the D nodes are chosen")
     c.add_argument("--max-rank", type=int, default=4)
     c.add_argument("--out", required=True)
     c.set_defaults(func=cmd_calibrate)

@@ -5,7 +5,8 @@ a *pair* (i, j) unmasks the root's masked position of confidence rank i under P 
 position's token of probability rank j under P. A *node* is a guessed future state: the pairs
 applied on top of the root after `depth` more denoising steps. A is a *parent* of B iff
 depth(B) = depth(A) + 1 and pairs(A) is a strict subset of pairs(B); a node may have several
-parents; depth-1 nodes hang off the root. Graph files are JSON (`FORMAT`, `VERSION` below).
+parents; depth-1 nodes hang off the root. Graph files are JSON (`FORMAT`, `VERSION` below); the
+optional field "selection" names the rule that chose the nodes (absent = accumulated frequency).
 """
 
 from __future__ import annotations
@@ -57,6 +58,41 @@ def select_graph(counts: dict[Node, int], budget: int) -> list[Node]:
     return chosen
 
 
+def accepted_depth(chain: list[Node], chosen: set[Node]) -> int:
+    """Steps a graph saves on one calibration sample: the true nodes of the next 1, 2, ... steps
+    (`chain`, each the parent of the next) are accepted while they are all in the graph."""
+    k = 0
+    while k < len(chain) and chain[k] in chosen:
+        k += 1
+    return k
+
+
+def select_by_depth(chains: list[list[Node]], budget: int) -> list[Node]:
+    """Greedy connected subgraph of `budget` nodes maximising the expected accepted depth on the
+    calibration samples (sum of `accepted_depth` over `chains`). A node is added only as the
+    first missing node of some chain whose earlier nodes are all chosen, so the result is
+    connected; its gain counts the chosen nodes it makes reachable too. Ties break on
+    (depth, pairs)."""
+    require(budget >= 1, "budget", f"must be >= 1, got {budget}")
+    chosen: list[Node] = []
+    have: set[Node] = set()
+    while len(chosen) < budget:
+        gain: dict[Node, int] = {}
+        for chain in chains:
+            k = accepted_depth(chain, have)
+            if k < len(chain):
+                gain[chain[k]] = gain.get(chain[k], 0) + 1 + accepted_depth(chain[k + 1:], have)
+        if not gain:
+            break
+        best = min(gain, key=lambda n: (-gain[n], n))
+        chosen.append(best)
+        have.add(best)
+    return chosen
+
+
+SELECTIONS = ("expected-depth", "accumulated-frequency")
+
+
 @dataclass(frozen=True)
 class DraftGraph:
     nodes: tuple[Node, ...]
@@ -64,6 +100,7 @@ class DraftGraph:
     block_size: int
     vocab_size: int
     rule: str  # the decoding rule it was calibrated under, e.g. "vanilla-1", "threshold-0.9"
+    selection: str = "accumulated-frequency"  # how the nodes were chosen (SELECTIONS)
 
     def children(self, parent: Node | None) -> list[int]:
         """Indices of the nodes one step below `parent` (None = the root)."""
@@ -81,7 +118,7 @@ class DraftGraph:
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "block_size": self.block_size,
-                "vocab_size": self.vocab_size, "rule": self.rule,
+                "vocab_size": self.vocab_size, "rule": self.rule, "selection": self.selection,
                 "nodes": [{"depth": n.depth, "pairs": [list(p) for p in n.pairs], "count": c}
                           for n, c in zip(self.nodes, self.counts)]}
 
@@ -102,7 +139,8 @@ def load_graph(path: str | Path) -> DraftGraph:
             f"version {raw.get('version')} is not supported (this build reads {VERSION})")
     nodes = tuple(Node.of(n["pairs"], n["depth"]) for n in raw["nodes"])
     return DraftGraph(nodes, tuple(n.get("count", 0) for n in raw["nodes"]), raw["block_size"],
-                      raw["vocab_size"], raw.get("rule", "vanilla-1"))
+                      raw["vocab_size"], raw.get("rule", "vanilla-1"),
+                      raw.get("selection", "accumulated-frequency"))
 
 
 def geometric_mean(values: list[float]) -> float:

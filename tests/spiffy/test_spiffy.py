@@ -9,7 +9,15 @@ import pytest
 from spiffy_plugin.calibrate import calibrate
 from spiffy_plugin.decode import DecodeParams, generate
 from spiffy_plugin.errors import ConfigError
-from spiffy_plugin.graph import DraftGraph, Node, is_parent, load_graph, select_graph
+from spiffy_plugin.graph import (
+    DraftGraph,
+    Node,
+    accepted_depth,
+    is_parent,
+    load_graph,
+    select_by_depth,
+    select_graph,
+)
 from spiffy_plugin.spiffy import spiffy_generate
 from tests.spiffy.test_runtime import dllm  # noqa: F401 (module fixture)
 
@@ -45,7 +53,10 @@ def test_parent_relation_and_selection_on_random_graphs():
 def graphs(dllm):  # noqa: F811
     model, tok = dllm
     prompts = [tok(p).input_ids for p in CALIB]
-    return {d: calibrate(model, prompts, d, max_new_tokens=32) for d in (3, 8)}
+    out = {d: calibrate(model, prompts, d, max_new_tokens=32) for d in (3, 8)}
+    out["acc8"] = calibrate(model, prompts, 8, max_new_tokens=32,
+                            selection="accumulated-frequency")
+    return out
 
 
 def test_calibration_is_deterministic_and_roundtrips(dllm, graphs, tmp_path):  # noqa: F811
@@ -55,9 +66,40 @@ def test_calibration_is_deterministic_and_roundtrips(dllm, graphs, tmp_path):  #
     graphs[8].save(tmp_path / "g.json")
     assert load_graph(tmp_path / "g.json") == graphs[8]
     assert len(graphs[8].nodes) == 8 and graphs[8].rule == "vanilla-1"
+    assert graphs[8].selection == "expected-depth"
+    assert load_graph(tmp_path / "g.json").selection == "expected-depth"
+    graphs["acc8"].save(tmp_path / "a.json")
+    assert load_graph(tmp_path / "a.json") == graphs["acc8"]
 
 
-@pytest.mark.parametrize("budget,keep", [(3, None), (8, None), (8, 4)])
+def test_expected_depth_selection_is_the_greedy_of_its_objective():
+    """Each added node is the frontier node of largest marginal gain in total accepted depth,
+    computed naively by re-simulating every chain; the graph stays connected."""
+    rng = random.Random(1)
+    for _ in range(10):
+        chains = []
+        for _ in range(60):
+            pairs, chain = [], []
+            for k in range(1, rng.randint(1, 4) + 1):
+                pairs.append((rng.randint(0, k), rng.randint(0, 1)))
+                if len(set(pairs)) < len(pairs):
+                    break
+                chain.append(Node.of(pairs, k))
+            chains.append(chain)
+        chosen = select_by_depth(chains, 7)
+
+        def total(nodes, chains=chains):
+            return sum(accepted_depth(c, set(nodes)) for c in chains)
+
+        for k, n in enumerate(chosen):
+            assert n.depth == 1 or any(is_parent(p, n) for p in chosen[:k])
+            frontier = {c[accepted_depth(c, set(chosen[:k]))] for c in chains
+                        if accepted_depth(c, set(chosen[:k])) < len(c)}
+            best = max(total(chosen[:k] + [m]) for m in frontier)
+            assert total(chosen[:k + 1]) == best
+
+
+@pytest.mark.parametrize("budget,keep", [(3, None), (8, None), (8, 4), ("acc8", None)])
 @pytest.mark.parametrize("prompt", EVAL)
 def test_greedy_lossless_and_fewer_forwards(dllm, graphs, budget, keep, prompt):  # noqa: F811
     model, tok = dllm
