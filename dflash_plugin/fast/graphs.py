@@ -7,6 +7,7 @@ one after another on one stream). Off CUDA, or with graphs disabled, a step just
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -54,6 +55,11 @@ def time_step(fn: Callable[[], None], device: torch.device, iters: int = 50,
     runner.run(("timed",), fn)  # capture (+ warm-up)
     for _ in range(3):
         runner.run(("timed",), fn)
+    if device.type != "cuda":  # eager, host clock (tests / CPU smoke runs)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / iters
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iters):

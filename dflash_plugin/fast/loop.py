@@ -158,6 +158,20 @@ class FastDecoder:
             events[3].record()
 
 
+class _HostEvent:
+    """Stand-in for `torch.cuda.Event` off CUDA (where every op is synchronous)."""
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: _HostEvent) -> float:  # milliseconds, like CUDA events
+        return (end.t - self.t) * 1e3
+
+
+def _event(device):
+    return torch.cuda.Event(enable_timing=True) if device.type == "cuda" else _HostEvent()
+
+
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -199,7 +213,7 @@ def fast_generate(dec: FastDecoder, prompts: list[list[int]], *, block_size: int
             last = [buf[i][out_len[i] - 1] for i in range(n_req)] + [0] * (dec.batch - n_req)
             host = [c + [c[-1] if c else a] * (g - len(c)) for c, a in zip(host, last)]
         for _ in range(max(1, min(ahead, AHEAD_CAP))):
-            ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if profile else None
+            ev = [_event(dev) for _ in range(4)] if profile else None
             dec.round(g + 1, host, ev)
             issued.append(g)
             if ev:
