@@ -15,7 +15,15 @@ import torch
 from torch.nn import functional as F
 
 from .cache import StaticKVCache, block_mask
-from .qwen3 import LayerWeights, Shape, apply_rope, layer_forward, random_layer, rms_norm
+from .qwen3 import (
+    LayerWeights,
+    Shape,
+    apply_rope,
+    layer_forward,
+    random_layer,
+    rms_norm,
+    rope_at,
+)
 
 
 @dataclass
@@ -80,11 +88,10 @@ def context_write(
     b, n, _ = feats.shape
     fused = rms_norm(F.linear(feats.to(dw.fc.dtype), dw.fc), dw.hidden_norm, s.eps)
     kv = F.linear(fused, dw.w_ctx_kv).view(b, n, s.layers, 2, s.kv_heads, s.head_dim)
-    k = rms_norm(kv[:, :, :, 0], dw.k_norms, s.eps)  # [batch, q, layers, kv_heads, head_dim]
-    cos, sin = rope_tab[0][positions][:, None], rope_tab[1][positions][:, None]
-    for i in range(s.layers):
-        ki = apply_rope(k[:, :, i].transpose(1, 2), cos, sin)
-        cache.write(i, ki, kv[:, :, i, 1].transpose(1, 2), positions)
+    cos, sin = rope_at(rope_tab, positions)  # [batch, q, 1, head_dim]
+    k = apply_rope(rms_norm(kv[:, :, :, 0], dw.k_norms, s.eps), cos[:, :, None], sin[:, :, None])
+    # [batch, q, layers, kv_heads, head_dim] -> [layers, batch, kv_heads, q, head_dim]
+    cache.write_all(k.permute(2, 0, 3, 1, 4), kv[:, :, :, 1].permute(2, 0, 3, 1, 4), positions)
 
 
 def draft_block(
@@ -100,7 +107,7 @@ def draft_block(
     b = anchor.shape[0]
     ids = torch.cat([anchor[:, None], anchor.new_full((b, q - 1), dw.mask_id)], dim=1)
     positions = cache.lengths[:, None] + torch.arange(q, device=anchor.device)
-    rope = rope_tab[0][positions][:, None], rope_tab[1][positions][:, None]
+    rope = rope_at(rope_tab, positions)
     mask = block_mask(cache.slots, cache.lengths, q)
     h = F.embedding(ids, embed).to(dw.fc.dtype)
     for i, lw in enumerate(dw.layers):

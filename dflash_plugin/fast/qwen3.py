@@ -39,6 +39,7 @@ class LayerWeights:
     wo: torch.Tensor  # [hidden, heads * head_dim]
     q_norm: torch.Tensor  # [head_dim]
     k_norm: torch.Tensor  # [head_dim]
+    qk_norm: torch.Tensor  # [heads + kv_heads, head_dim]: q_norm per q head, then k_norm
     w_gate_up: torch.Tensor  # [2 * intermediate, hidden]
     w_down: torch.Tensor  # [hidden, intermediate]
 
@@ -76,12 +77,19 @@ def layer_weights(attn, mlp, ln1, ln2, dtype) -> LayerWeights:
     """Fused weights of one Qwen3 decoder layer (HF `Qwen3DecoderLayer` or our `DraftLayer`)."""
     def w(t):
         return t.detach().to(dtype)
+    qn, kn = w(attn.q_norm.weight), w(attn.k_norm.weight)
+    heads = attn.q_proj.weight.shape[0] // qn.shape[0]
+    kv_heads = attn.k_proj.weight.shape[0] // kn.shape[0]
     return LayerWeights(
         ln1=w(ln1.weight), ln2=w(ln2.weight),
         wqkv=w(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
-        wo=w(attn.o_proj.weight), q_norm=w(attn.q_norm.weight), k_norm=w(attn.k_norm.weight),
+        wo=w(attn.o_proj.weight), q_norm=qn, k_norm=kn, qk_norm=_qk_norm(qn, kn, heads, kv_heads),
         w_gate_up=w(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
         w_down=w(mlp.down_proj.weight))
+
+
+def _qk_norm(qn, kn, heads, kv_heads) -> torch.Tensor:  # [heads + kv_heads, head_dim]
+    return torch.cat([qn[None].expand(heads, -1), kn[None].expand(kv_heads, -1)]).contiguous()
 
 
 def target_weights(model, dtype: torch.dtype | None = None) -> TargetWeights:
@@ -108,9 +116,9 @@ def random_layer(s: Shape, dtype, device, gen: torch.Generator | None = None) ->
         return (torch.randn(*size, generator=gen, device=device) * 0.02).to(dtype)
     hd = s.head_dim
     ones = torch.ones(s.hidden, dtype=dtype, device=device)
+    qn, kn = (torch.ones(hd, dtype=dtype, device=device) for _ in range(2))
     return LayerWeights(ones, ones.clone(), r((s.heads + 2 * s.kv_heads) * hd, s.hidden),
-                        r(s.hidden, s.heads * hd), torch.ones(hd, dtype=dtype, device=device),
-                        torch.ones(hd, dtype=dtype, device=device),
+                        r(s.hidden, s.heads * hd), qn, kn, _qk_norm(qn, kn, s.heads, s.kv_heads),
                         r(2 * s.intermediate, s.hidden), r(s.hidden, s.intermediate))
 
 
@@ -131,26 +139,37 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def apply_rope(
-    x: torch.Tensor,  # [batch, heads, q, head_dim]
-    cos: torch.Tensor,  # [batch, 1, q, head_dim]
-    sin: torch.Tensor,
+    x: torch.Tensor,  # [..., head_dim]
+    cos: torch.Tensor,  # broadcastable to x
+    sin_signed: torch.Tensor,  # sin with its first half negated (`cache.rope_table`)
 ) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+    """x * cos + rotate_half(x) * sin, bit-exact: roll swaps the halves, the sign is in sin."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * sin_signed
+
+
+def rope_at(rope_tab, positions: torch.Tensor):  # positions [batch, q]
+    """cos, sin_signed [batch, q, 1, head_dim] (broadcast over heads in [batch, q, heads, d])."""
+    return rope_tab[0][positions][:, :, None], rope_tab[1][positions][:, :, None]
+
+
+def group_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
+    """[batch, 1, s, L] -> [batch, 1, groups * s, L] to match `attend`'s query rows."""
+    if mask.shape[2] == 1 or groups == 1:
+        return mask
+    b, _, s, n = mask.shape
+    return mask[:, :, None].expand(b, 1, groups, s, n).reshape(b, 1, groups * s, n)
 
 
 def attend(
     q: torch.Tensor,  # [batch, heads, s, head_dim]
     k: torch.Tensor,  # [batch, kv_heads, max_len, head_dim] (a static cache layer)
     v: torch.Tensor,
-    mask: torch.Tensor,  # [batch, 1, s or 1, max_len] bool
+    mask: torch.Tensor,  # [batch, 1, groups * s or 1, max_len] bool (`group_mask`)
 ) -> torch.Tensor:  # [batch, s, heads * head_dim]
     """GQA without copying the cache: the query heads of one KV group become extra query rows."""
     b, h, s, d = q.shape
     g = h // k.shape[1]
     qg = q.reshape(b, k.shape[1], g * s, d)
-    if mask.shape[2] != 1 and g > 1:
-        mask = mask[:, :, None].expand(b, 1, g, s, mask.shape[-1]).reshape(b, 1, g * s, -1)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=d ** -0.5)
     return out.reshape(b, h, s, d).transpose(1, 2).reshape(b, s, h * d)
 
@@ -159,20 +178,18 @@ def layer_forward(
     lw: LayerWeights,
     s: Shape,
     h: torch.Tensor,  # [batch, q, hidden]
-    rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin [batch, 1, q, head_dim]
+    rope: tuple[torch.Tensor, torch.Tensor],  # `rope_at`: [batch, q, 1, head_dim] each
     cache: StaticKVCache,
     layer: int,
     positions: torch.Tensor,  # [batch, q] long
-    mask: torch.Tensor,  # [batch, 1, q or 1, max_len] bool
+    mask: torch.Tensor,  # [batch, 1, groups * q or 1, max_len] bool (`group_mask`)
 ) -> torch.Tensor:  # [batch, q, hidden]
     b, n, _ = h.shape
-    hd = s.head_dim
-    qkv = F.linear(rms_norm(h, lw.ln1, s.eps), lw.wqkv)
-    q, k, v = qkv.split([s.heads * hd, s.kv_heads * hd, s.kv_heads * hd], dim=-1)
-    q = apply_rope(rms_norm(q.view(b, n, s.heads, hd), lw.q_norm, s.eps).transpose(1, 2), *rope)
-    k = apply_rope(rms_norm(k.view(b, n, s.kv_heads, hd), lw.k_norm, s.eps).transpose(1, 2),
-                   *rope)
-    cache.write(layer, k, v.view(b, n, s.kv_heads, hd).transpose(1, 2), positions)
+    qkv = F.linear(rms_norm(h, lw.ln1, s.eps), lw.wqkv).view(b, n, -1, s.head_dim)
+    qk = apply_rope(rms_norm(qkv[:, :, :s.heads + s.kv_heads], lw.qk_norm, s.eps), *rope)
+    q = qk[:, :, :s.heads].transpose(1, 2)
+    k = qk[:, :, s.heads:].transpose(1, 2)
+    cache.write(layer, k, qkv[:, :, s.heads + s.kv_heads:].transpose(1, 2), positions)
     h = h + F.linear(attend(q, cache.k[layer], cache.v[layer], mask), lw.wo)
     gate, up = F.linear(rms_norm(h, lw.ln2, s.eps), lw.w_gate_up).chunk(2, dim=-1)
     return h + F.linear(F.silu(gate) * up, lw.w_down)
@@ -189,7 +206,8 @@ def target_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # final-normed hidden [batch, q, hidden], feats
     """One forward over q new tokens per row; their K/V land in `cache` at `positions`."""
     s = w.shape
-    rope = rope_tab[0][positions][:, None], rope_tab[1][positions][:, None]
+    rope = rope_at(rope_tab, positions)
+    mask = group_mask(mask, s.heads // s.kv_heads)
     h = F.embedding(ids, w.embed)
     picked: dict[int, torch.Tensor] = {}
     for i, lw in enumerate(w.layers):
