@@ -25,6 +25,7 @@ QWEN3_8B = Shape(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, int
                  vocab=151936, theta=1_000_000.0)
 
 
+@torch.inference_mode()
 def step_times(dec: FastDecoder, qs: list[int], iters: int = 50) -> dict:
     """{"verify": {q: ms}, "draft": {q: ms}} of an already prefilled/positioned decoder.
     Verify/draft only write stale cache slots and output buffers, so repeating them is safe."""
