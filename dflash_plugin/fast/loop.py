@@ -56,7 +56,9 @@ class FastDecoder:
         self.max_new = torch.zeros((), **z)
         self.stops = torch.full((MAX_STOPS,), -1, **z)
         self.round_idx = torch.zeros(1, **z)
-        self.out_buf = self.history = None
+        # allocated once: captured graphs keep the addresses of every tensor they touch
+        self.out_buf = torch.zeros(batch, max_len + 1, **z)  # last column: dump slot
+        self.history = torch.zeros(max_len + 2, 3, batch, **z)  # per round: n, accepted, live
         self.steps = StepGraphs(device, graphs)
 
     # ---- steps (static shapes for a given q; no host sync) ----
@@ -126,8 +128,7 @@ class FastDecoder:
             context_write(self.drafter, self.dcache, self.drope, feats, pos)
         self.tcache.reset(lens)
         self.anchor.copy_(first)
-        self.out_buf = torch.zeros(b, max_new_tokens + self.max_block + 1, dtype=torch.long,
-                                   device=dev)
+        self.out_buf.zero_()
         self.out_buf[:, 0] = first
         self.out_len.fill_(1)
         self.max_new.fill_(max_new_tokens)
@@ -137,7 +138,7 @@ class FastDecoder:
         pad = torch.arange(b, device=dev) >= len(prompts)
         hit = (first[:, None] == self.stops).any(-1)
         self.done.copy_(pad | hit | (self.out_len >= self.max_new))
-        self.history = torch.zeros(max_new_tokens + 2, 3, b, dtype=torch.long, device=dev)
+        self.history.zero_()
         self.round_idx.zero_()
 
     # ---- one round ----

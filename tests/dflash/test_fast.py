@@ -108,6 +108,8 @@ def test_stop_tokens_padding_rows_and_reuse(pair):
     greedy = greedy_reference(target, PROMPTS[:3], 30)
     stop = greedy[0][9]
     dec = build_decoder(target, drafter, batch=4, max_len=64, graphs=False)
+    # captured CUDA graphs keep tensor addresses: state must never be reallocated
+    addresses = [t.data_ptr() for t in dec._state() + [dec.draft_ids, dec.target_ids]]
     for _ in range(2):
         ref = speculative_generate(target, DFlashProposer(drafter), PROMPTS[:3], block_size=8,
                                    max_new_tokens=30, stop_token_ids=(stop,), fast=False)
@@ -117,6 +119,7 @@ def test_stop_tokens_padding_rows_and_reuse(pair):
         assert res.tokens[0][-1] == stop and res.metrics.requests[0].stop_reason == "stop"
         assert [r.round_tokens for r in res.metrics.requests] == [
             r.round_tokens for r in ref.metrics.requests]
+        assert [t.data_ptr() for t in dec._state() + [dec.draft_ids, dec.target_ids]] == addresses
 
 
 def test_ngram_and_plain_ar(pair):
