@@ -105,6 +105,27 @@ def run_ours(dec, prompts, batch, block, proposer, max_new, profile=False) -> di
     return out
 
 
+def zlab_module():
+    """z-lab's `dflash.model` (PyPI dflash 0.1.0, installed --no-deps or in DFLASH_ORACLE_DIR)."""
+    oracle = os.environ.get("DFLASH_ORACLE_DIR")
+    if oracle and oracle not in sys.path:
+        sys.path.insert(0, oracle)
+    import dflash.model as zl
+
+    if DEVICE != "cuda":
+        zl._cuda_time = time.perf_counter  # their timer syncs CUDA
+    return zl
+
+
+def zlab_drafter(zl, ours):
+    """Their drafter class with our weights (same checkpoint format)."""
+    from transformers import Qwen3Config
+
+    theirs = zl.DFlashDraftModel(Qwen3Config.from_dict(ours.config.to_dict()))
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    return theirs.to(ours.fc.weight.device, ours.fc.weight.dtype).eval()
+
+
 def build_prompts(tok, path, limit):
     return [tok(p).input_ids for p in load_prompts_jsonl(path)][:limit]
 
@@ -213,17 +234,8 @@ def main() -> None:
     attempt(R, "HF generate b1", hf)
 
     def zlab_rows():
-        oracle = os.environ.get("DFLASH_ORACLE_DIR")
-        if oracle:
-            sys.path.insert(0, oracle)
-        import dflash.model as zl
-        from transformers import Qwen3Config
-
-        theirs = zl.DFlashDraftModel(Qwen3Config.from_dict(drafter.config.to_dict()))
-        theirs.load_state_dict(drafter.state_dict(), strict=True)
-        theirs = theirs.to(DEVICE, dtype).eval()
-        if DEVICE != "cuda":
-            zl._cuda_time = time.perf_counter  # their timer syncs CUDA
+        zl = zlab_module()
+        theirs = zlab_drafter(zl, drafter)
         for block in args.block_sizes:
             secs, toks, lens = [], [], []
             for ids in slow[:1] + slow:
@@ -282,11 +294,23 @@ def main() -> None:
         hf_out = [m32.generate(torch.tensor([x], device=DEVICE), do_sample=False,
                                max_new_tokens=n, min_new_tokens=n, pad_token_id=0)[0, len(x):]
                   .tolist() for x in ps]
-        R["checks"]["fp32_identity"] = {
+        c = R["checks"]["fp32_identity"] = {
+            "prompts": len(ps), "new_tokens": n,
             "fast_vs_reference": fast.tokens == ref.tokens, "fast_vs_hf": fast.tokens == hf_out,
             "round_tokens_equal": [r.round_tokens for r in fast.metrics.requests]
             == [r.round_tokens for r in ref.metrics.requests]}
-        print("  fp32:", R["checks"]["fp32_identity"])
+        try:  # the z-lab loop, batch 1, same fp32 weights
+            zl = zlab_module()
+            theirs = zlab_drafter(zl, d32)
+            st = [zl.dflash_generate(theirs, m32, torch.tensor([x], device=DEVICE), n, None,
+                                     block_size=16, return_stats=True) for x in ps]
+            c["fast_vs_zlab"] = fast.tokens == [s.output_ids[0, len(x):].tolist()
+                                                for s, x in zip(st, ps)]
+            c["round_tokens_equal_zlab"] = [r.round_tokens for r in fast.metrics.requests] == [
+                list(s.acceptance_lengths) for s in st]
+        except Exception as err:  # noqa: BLE001
+            c["zlab_error"] = repr(err)
+        print("  fp32:", c)
     attempt(R, "fp32 identity", fp32)
 
     # --- per-round overhead at batch 1 vs isolated graph timings of the same steps ---

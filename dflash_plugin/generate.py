@@ -78,7 +78,7 @@ def speculative_generate(
     validate_request(prompts, max_new_tokens, block_size, cfg.vocab_size,
                      cfg.max_position_embeddings)
     device = target.get_input_embeddings().weight.device
-    if _use_fast(fast, device, target, proposer, params):
+    if _use_fast(fast, device, target, proposer, params, stop_token_ids):
         return _fast_generate(target, proposer, prompts, block_size, max_new_tokens,
                               stop_token_ids, graphs=device.type == "cuda")
     gen = torch.Generator(device=device)
@@ -147,15 +147,17 @@ def speculative_generate(
     return GenerationResult(tokens=out, metrics=agg)
 
 
-def _use_fast(fast, device, target, proposer, params) -> bool:
+def _use_fast(fast, device, target, proposer, params, stops) -> bool:
     from .fast import supports
+    from .fast.loop import MAX_STOPS
     from .proposers import DFlashProposer
 
-    ok = params.greedy and isinstance(proposer, DFlashProposer) and supports(target)
+    ok = (params.greedy and isinstance(proposer, DFlashProposer) and supports(target)
+          and len(stops) <= MAX_STOPS)
     if fast is None:
         return ok and device.type == "cuda"
-    require(not fast or ok, "fast", "the fast runtime needs greedy sampling, a DFlash proposer "
-            "and a bias-free Qwen3 target with default RoPE")
+    require(not fast or ok, "fast", "the fast runtime needs greedy sampling, a DFlash proposer, "
+            f"a bias-free Qwen3 target with default RoPE and <= {MAX_STOPS} stop tokens")
     return fast
 
 
