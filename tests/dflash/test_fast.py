@@ -163,5 +163,10 @@ def test_cuda_graphs_match_eager_and_cpu(pair):
         auto = speculative_generate(tgt, DFlashProposer(drf), PROMPTS, block_size=8,
                                     max_new_tokens=40)  # CUDA: the fast path by default
         assert auto.tokens == expected
+        plain = build_decoder(tgt, None, batch=4, max_len=64)
+        for proposer in ("ar", "ngram"):
+            res = fast_generate(plain, PROMPTS, block_size=8, max_new_tokens=40,
+                                proposer=proposer)
+            assert res.tokens == expected
     finally:
         drafter.to("cpu")
