@@ -147,6 +147,34 @@ def apply_rope(
     return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * sin_signed
 
 
+def norm_rope(x, weight, eps, cos, sin_signed):  # [batch, q, heads, head_dim]
+    return apply_rope(rms_norm(x, weight, eps), cos, sin_signed)
+
+
+def add_norm(h, delta, weight, eps):  # [batch, q, hidden] twice
+    """(h + delta, rms_norm(h + delta)): the residual add and the next norm."""
+    h = h + delta
+    return h, rms_norm(h, weight, eps)
+
+
+def swiglu(gate_up):  # [batch, q, 2 * intermediate] -> [batch, q, intermediate]
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+POINTWISE = {"rms_norm": rms_norm, "norm_rope": norm_rope, "add_norm": add_norm,
+             "swiglu": swiglu}
+_ops = dict(POINTWISE)  # what layer_forward calls
+
+
+def compile_pointwise(enabled: bool = True) -> None:
+    """Opt-in: run the elementwise pieces through `torch.compile` (one fused kernel each instead
+    of ~4-8; same math, reduction order may differ in the last bit). Compiles lazily on first
+    use, i.e. in a graph's eager warm-up, never during capture. `False` restores eager."""
+    for name, fn in POINTWISE.items():
+        _ops[name] = torch.compile(fn, dynamic=True) if enabled else fn
+
+
 def rope_at(rope_tab, positions: torch.Tensor):  # positions [batch, q]
     """cos, sin_signed [batch, q, 1, head_dim] (broadcast over heads in [batch, q, heads, d])."""
     return rope_tab[0][positions][:, :, None], rope_tab[1][positions][:, :, None]
@@ -185,14 +213,14 @@ def layer_forward(
     mask: torch.Tensor,  # [batch, 1, groups * q or 1, max_len] bool (`group_mask`)
 ) -> torch.Tensor:  # [batch, q, hidden]
     b, n, _ = h.shape
-    qkv = F.linear(rms_norm(h, lw.ln1, s.eps), lw.wqkv).view(b, n, -1, s.head_dim)
-    qk = apply_rope(rms_norm(qkv[:, :, :s.heads + s.kv_heads], lw.qk_norm, s.eps), *rope)
+    qkv = F.linear(_ops["rms_norm"](h, lw.ln1, s.eps), lw.wqkv).view(b, n, -1, s.head_dim)
+    qk = _ops["norm_rope"](qkv[:, :, :s.heads + s.kv_heads], lw.qk_norm, s.eps, *rope)
     q = qk[:, :, :s.heads].transpose(1, 2)
     k = qk[:, :, s.heads:].transpose(1, 2)
     cache.write(layer, k, qkv[:, :, s.heads + s.kv_heads:].transpose(1, 2), positions)
-    h = h + F.linear(attend(q, cache.k[layer], cache.v[layer], mask), lw.wo)
-    gate, up = F.linear(rms_norm(h, lw.ln2, s.eps), lw.w_gate_up).chunk(2, dim=-1)
-    return h + F.linear(F.silu(gate) * up, lw.w_down)
+    h, x = _ops["add_norm"](h, F.linear(attend(q, cache.k[layer], cache.v[layer], mask), lw.wo),
+                            lw.ln2, s.eps)
+    return h + F.linear(_ops["swiglu"](F.linear(x, lw.w_gate_up)), lw.w_down)
 
 
 def target_forward(
