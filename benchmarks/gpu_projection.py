@@ -40,15 +40,14 @@ def step_times(dec: FastDecoder, qs: list[int], iters: int = 50) -> dict:
 
 @torch.inference_mode()
 def project_8b(taus: dict[str, float], ctx: int = 1024, draft_layers: int = 5,
-               device: str = "cuda", iters: int = 50) -> dict:
+               device: str = "cuda", iters: int = 50, shape: Shape = QWEN3_8B) -> dict:
     dtype = torch.bfloat16
-    tw = random_target(QWEN3_8B, dtype, device)
-    dshape = Shape(QWEN3_8B.hidden, draft_layers, QWEN3_8B.heads, QWEN3_8B.kv_heads,
-                   QWEN3_8B.head_dim, QWEN3_8B.intermediate, QWEN3_8B.vocab,
-                   theta=QWEN3_8B.theta)
-    ids = tuple(build_target_layer_ids(QWEN3_8B.layers, draft_layers))
-    dw = random_drafter(dshape, QWEN3_8B.hidden, ids, dtype, device)
-    res = {"shape": QWEN3_8B.__dict__, "draft_layers": draft_layers, "context": ctx}
+    tw = random_target(shape, dtype, device)
+    dshape = Shape(shape.hidden, draft_layers, shape.heads, shape.kv_heads, shape.head_dim,
+                   shape.intermediate, shape.vocab, theta=shape.theta)
+    ids = tuple(build_target_layer_ids(shape.layers, draft_layers))
+    dw = random_drafter(dshape, shape.hidden, ids, dtype, device)
+    res = {"shape": shape.__dict__, "draft_layers": draft_layers, "context": ctx}
     times = {}
     for name, drafter, qs in (("ar", None, [1]), ("dflash", dw, [8, 16])):
         dec = FastDecoder(tw, drafter, 1, ctx + 64, device, max_block=16)
@@ -66,7 +65,8 @@ def project_8b(taus: dict[str, float], ctx: int = 1024, draft_layers: int = 5,
                                     "speedup": tau * t1 / denom}
     del tw, dw
     gc.collect()
-    torch.cuda.empty_cache()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
     return res
 
 
