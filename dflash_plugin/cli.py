@@ -68,7 +68,7 @@ def cmd_generate(args) -> int:
     stops = () if args.ignore_eos else stop_ids(model, tok)
     res = speculative_generate(model, DFlashProposer(drafter), [prompt_ids], block_size=block,
                                max_new_tokens=args.max_new_tokens, params=params,
-                               stop_token_ids=stops)
+                               stop_token_ids=stops, fast=False if args.reference else None)
     tokens = res.tokens[0]
     report = {"completion": tok.decode(tokens), "block_size": block, **res.metrics.to_dict()}
     if args.baseline:
@@ -132,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--baseline", action="store_true",
                    help="also run plain decoding and report its speed and token identity")
     g.add_argument("--json", action="store_true")
+    g.add_argument("--reference", action="store_true",
+                   help="force the reference loop (default on CUDA: the fast graph runtime)")
     g.set_defaults(func=cmd_generate)
     d = sub.add_parser("init-draft", help="write a randomly initialised drafter for a target")
     d.add_argument("--target", required=True)

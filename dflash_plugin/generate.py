@@ -70,11 +70,17 @@ def speculative_generate(
     max_new_tokens: int = 128,
     params: SamplingParams = SamplingParams(),
     stop_token_ids: tuple[int, ...] = (),
+    fast: bool | None = None,
 ) -> GenerationResult:
+    """`fast`: use the static-cache CUDA-graph runtime (`dflash_plugin.fast`); None = use it
+    when it applies (CUDA device, greedy, DFlash proposer, Qwen3 target), False = reference."""
     cfg = target.config
     validate_request(prompts, max_new_tokens, block_size, cfg.vocab_size,
                      cfg.max_position_embeddings)
     device = target.get_input_embeddings().weight.device
+    if _use_fast(fast, device, target, proposer, params, stop_token_ids):
+        return _fast_generate(target, proposer, prompts, block_size, max_new_tokens,
+                              stop_token_ids, graphs=device.type == "cuda")
     gen = torch.Generator(device=device)
     gen.manual_seed(params.seed if params.seed is not None else torch.seed())
     stops = set(stop_token_ids)
@@ -139,6 +145,31 @@ def speculative_generate(
 
     agg.total_seconds = time.perf_counter() - t_start
     return GenerationResult(tokens=out, metrics=agg)
+
+
+def _use_fast(fast, device, target, proposer, params, stops) -> bool:
+    from .fast import supports
+    from .fast.loop import MAX_STOPS
+    from .proposers import DFlashProposer
+
+    ok = (params.greedy and isinstance(proposer, DFlashProposer) and supports(target)
+          and len(stops) <= MAX_STOPS)
+    if fast is None:
+        return ok and device.type == "cuda"
+    require(not fast or ok, "fast", "the fast runtime needs greedy sampling, a DFlash proposer, "
+            f"a bias-free Qwen3 target with default RoPE and <= {MAX_STOPS} stop tokens")
+    return fast
+
+
+def _fast_generate(target, proposer, prompts, block_size, max_new_tokens, stops, graphs):
+    from .fast import build_decoder, fast_generate
+
+    width = max(len(p) for p in prompts)
+    dec = build_decoder(target, proposer.drafter, batch=len(prompts),
+                        max_len=width + max_new_tokens + block_size, max_block=block_size,
+                        graphs=graphs)
+    return fast_generate(dec, prompts, block_size=block_size, max_new_tokens=max_new_tokens,
+                         stop_token_ids=tuple(stops))
 
 
 def _commit_tokens(new_tokens, accepted, remaining, stops, out, rows, agg, g) -> list[int]:

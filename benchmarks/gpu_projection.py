@@ -1,0 +1,82 @@
+"""Isolated CUDA-graph timings of the fast runtime's steps, and the Qwen3-8B-shape projection.
+
+T(q) = one target verify forward of q query tokens per row (graph replay, context of `ctx`
+committed tokens); T_draft(q) = one drafter block forward + LM head. The projection is the
+speedup implied by an acceptance length tau: tau * T(1) / (T(B) + T_draft(B)). Random weights:
+only the shapes matter for time. Used by `gpu_speedup.py`; runs standalone too:
+    python benchmarks/gpu_projection.py --tau 3.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+
+import torch
+
+from dflash_plugin.config import build_target_layer_ids
+from dflash_plugin.fast.drafter import random_drafter
+from dflash_plugin.fast.graphs import time_step
+from dflash_plugin.fast.loop import FastDecoder
+from dflash_plugin.fast.qwen3 import Shape, random_target
+
+QWEN3_8B = Shape(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, intermediate=12288,
+                 vocab=151936, theta=1_000_000.0)
+
+
+@torch.inference_mode()
+def step_times(dec: FastDecoder, qs: list[int], iters: int = 50) -> dict:
+    """{"verify": {q: ms}, "draft": {q: ms}} of an already prefilled/positioned decoder.
+    Verify/draft only write stale cache slots and output buffers, so repeating them is safe."""
+    dev = dec.device
+    out = {"verify": {}, "draft": {}}
+    for q in qs:
+        out["verify"][q] = time_step(lambda q=q: dec._verify(q), dev, iters)
+        if dec.drafter is not None and q > 1:
+            out["draft"][q] = time_step(lambda q=q: dec._draft(q), dev, iters)
+    return out
+
+
+@torch.inference_mode()
+def project_8b(taus: dict[str, float], ctx: int = 1024, draft_layers: int = 5,
+               device: str = "cuda", iters: int = 50, shape: Shape = QWEN3_8B) -> dict:
+    dtype = torch.bfloat16
+    tw = random_target(shape, dtype, device)
+    dshape = Shape(shape.hidden, draft_layers, shape.heads, shape.kv_heads, shape.head_dim,
+                   shape.intermediate, shape.vocab, theta=shape.theta)
+    ids = tuple(build_target_layer_ids(shape.layers, draft_layers))
+    dw = random_drafter(dshape, shape.hidden, ids, dtype, device)
+    res = {"shape": shape.__dict__, "draft_layers": draft_layers, "context": ctx}
+    times = {}
+    for name, drafter, qs in (("ar", None, [1]), ("dflash", dw, [8, 16])):
+        dec = FastDecoder(tw, drafter, 1, ctx + 64, device, max_block=16)
+        dec.tcache.reset(torch.tensor([ctx], device=device))
+        times[name] = step_times(dec, qs, iters)
+        del dec
+    t1 = times["ar"]["verify"][1]
+    res["verify_ms"] = {1: t1, **times["dflash"]["verify"]}
+    res["draft_ms"] = times["dflash"]["draft"]
+    res["projection"] = {}
+    for label, tau in taus.items():
+        b = 8 if label.endswith("B8") else 16
+        denom = res["verify_ms"][b] + res["draft_ms"][b]
+        res["projection"][label] = {"tau": tau, "block": b,
+                                    "speedup": tau * t1 / denom}
+    del tw, dw
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--tau", type=float, default=3.2)
+    p.add_argument("--ctx", type=int, default=1024)
+    args = p.parse_args()
+    print(json.dumps(project_8b({"dflash B16": args.tau}, args.ctx), indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

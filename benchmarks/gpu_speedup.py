@@ -1,0 +1,381 @@
+"""DFlash wall-clock speedup on one GPU, every row side by side on the same prompts (issue 7).
+
+    python benchmarks/gpu_speedup.py --out out/gpu-speedup            # ~3-5 min on an H200
+    python benchmarks/gpu_speedup.py --out out/gpu-quick --quick      # smoke run
+Rows (greedy, EOS ignored so every request makes exactly --max-new-tokens tokens, bf16):
+HF `generate`; plain AR, prompt lookup and DFlash (B = 8, 16) in our fast runtime (static caches
++ CUDA graphs) at batch 1/4/16/32; the z-lab `dflash` package loop (PyPI dflash 0.1.0) on the same
+target + drafter. Plus: fp32 token identity of the fast path vs the reference loop and HF, bf16
+agreement rates, per-round overhead vs isolated graph timings, and the Qwen3-8B-shape projection.
+Every part runs in its own try/except. Writes DIR/results.json, DIR/table.md, DIR/speedup.png
+(or run benchmarks/plot_speedup.py DIR/results.json where matplotlib is missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from datetime import date
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # this checkout's packages first
+
+from gpu_projection import project_8b, step_times  # noqa: E402
+from plot_speedup import plot  # noqa: E402
+
+from dflash_plugin.checkpoint import load_drafter  # noqa: E402
+from dflash_plugin.cli import load_target  # noqa: E402
+from dflash_plugin.fast import build_decoder, fast_generate  # noqa: E402
+from dflash_plugin.fast.qwen3 import compile_pointwise  # noqa: E402
+from dflash_plugin.generate import speculative_generate  # noqa: E402
+from dflash_plugin.proposers import DFlashProposer  # noqa: E402
+from dflash_plugin.training.data import load_prompts_jsonl  # noqa: E402
+
+FIX = ROOT / "examples" / "fixtures"
+
+
+def attempt(results: dict, name: str, fn):
+    """Run one part; on error record and print it, and go on."""
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+        print(f"[ok] {name} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        return out
+    except Exception as err:  # noqa: BLE001 - a benchmark row must not stop the others
+        print(f"[error] {name}: {err!r}", flush=True)
+        traceback.print_exc()
+        results["errors"][name] = repr(err)
+        return None
+
+
+DEVICE = "cuda"
+
+
+def sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
+    """Share of identical requests and mean common-prefix share."""
+    same = sum(x == y for x, y in zip(a, b))
+    pref = []
+    for x, y in zip(a, b):
+        k = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+        pref.append(k / max(len(x), 1))
+    return {"identical": same, "of": len(a), "prefix_share": round(sum(pref) / len(pref), 4)}
+
+
+def run_ours(dec, prompts, batch, block, proposer, max_new, profile=False) -> dict:
+    """All prompts in chunks of `batch`; end-to-end seconds include prefill."""
+    toks, reqs, secs, pre = [], [], [], 0.0
+    draft_s = verify_s = 0.0
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i:i + batch]
+        sync()
+        t0 = time.perf_counter()
+        res = fast_generate(dec, chunk, block_size=block, max_new_tokens=max_new,
+                            proposer=proposer, profile=profile)
+        sync()
+        secs.append(time.perf_counter() - t0)
+        pre += res.metrics.prefill_seconds
+        draft_s += res.metrics.draft_seconds
+        verify_s += res.metrics.verify_seconds
+        toks += res.tokens
+        reqs += res.metrics.requests
+    total, new = sum(secs), sum(r.new_tokens for r in reqs)
+    rounds = sum(r.rounds for r in reqs) if batch == 1 else None
+    out = {"tokens": toks, "seconds": total, "chunk_seconds": secs, "prefill_seconds": pre,
+           "new_tokens": new, "tokens_per_second": new / total,
+           "tau": sum(sum(r.round_tokens) for r in reqs) / max(sum(r.rounds for r in reqs), 1),
+           "tau_per_prompt": [round(r.tau, 3) for r in reqs],
+           "rounds_per_request": [r.rounds for r in reqs]}
+    if rounds:
+        out["round_ms"] = (total - pre) / rounds * 1e3
+    if profile:
+        out["split_seconds"] = {"draft": draft_s, "verify": verify_s, "prefill": pre,
+                                "overhead": total - pre - draft_s - verify_s}
+    return out
+
+
+def zlab_module():
+    """z-lab's `dflash.model` (PyPI dflash 0.1.0, installed --no-deps or in DFLASH_ORACLE_DIR)."""
+    oracle = os.environ.get("DFLASH_ORACLE_DIR")
+    if oracle and oracle not in sys.path:
+        sys.path.insert(0, oracle)
+    import dflash.model as zl
+
+    if DEVICE != "cuda":
+        zl._cuda_time = time.perf_counter  # their timer syncs CUDA
+    return zl
+
+
+def zlab_drafter(zl, ours):
+    """Their drafter class with our weights (same checkpoint format)."""
+    from transformers import Qwen3Config
+
+    theirs = zl.DFlashDraftModel(Qwen3Config.from_dict(ours.config.to_dict()))
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    return theirs.to(ours.fc.weight.device, ours.fc.weight.dtype).eval()
+
+
+def build_prompts(tok, path, limit):
+    return [tok(p).input_ids for p in load_prompts_jsonl(path)][:limit]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", required=True)
+    p.add_argument("--target", default=str(FIX / "code-target"))
+    p.add_argument("--drafter", default=str(FIX / "code-target-dflash-b16"))
+    p.add_argument("--prompts", default=str(FIX / "dev-prompts.jsonl"))
+    p.add_argument("--limit", type=int, default=32, help="prompts for our runtime's rows")
+    p.add_argument("--slow-limit", type=int, default=8,
+                   help="prompts for HF generate / z-lab rows (batch 1; ours re-timed on them)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 32])
+    p.add_argument("--block-sizes", type=int, nargs="+", default=[8, 16])
+    p.add_argument("--quick", action="store_true", help="8 prompts, 2 slow, batches 1 4, 128 tok")
+    p.add_argument("--skip-8b", action="store_true")
+    p.add_argument("--device", default="cuda", help="cpu: a slow fp32 smoke test of the script")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile our elementwise ops (fast.qwen3.compile_pointwise)")
+    args = p.parse_args()
+    if args.compile:
+        compile_pointwise()
+    global DEVICE
+    DEVICE = args.device
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    if args.quick:
+        args.limit, args.slow_limit, args.batches, args.max_new_tokens = 8, 2, [1, 4], 128
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    R = {"date": str(date.today()), "machine": platform.node(),
+         "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else None,
+         "dtype": str(dtype), "torch": torch.__version__, "args": vars(args),
+         "rows": [], "checks": {}, "errors": {}}
+    t_start = time.perf_counter()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model, tok = load_target(args.target, DEVICE, dtype)
+    drafter = load_drafter(args.drafter, DEVICE, dtype)
+    prompts = build_prompts(tok, args.prompts, args.limit)
+    slow = prompts[: args.slow_limit]
+    N = args.max_new_tokens
+    width = max(len(x) for x in prompts)
+    max_len = width + N + 16
+    outputs: dict[str, list[list[int]]] = {}
+
+    def add_row(name, batch, block, r, n_prompts):
+        row = {"row": name, "batch": batch, "block": block, "prompts": n_prompts,
+               **{k: v for k, v in r.items() if k not in ("tokens",)}}
+        R["rows"].append(row)
+        print(f"  {name} b={batch} B={block}: {r['tokens_per_second']:.1f} tok/s tau "
+              f"{r.get('tau', 1):.3f}", flush=True)
+
+    decs = {}
+
+    def decoder(kind, batch):
+        key = (kind, batch)
+        if key not in decs:
+            decs[key] = build_decoder(model, drafter if kind == "dflash" else None, batch=batch,
+                                      max_len=max_len, max_block=16)
+        return decs[key]
+
+    # --- our runtime: AR, n-gram, DFlash at every batch size ---
+    for batch in args.batches:
+        def ar(batch=batch):
+            dec = decoder("plain", batch)
+            run_ours(dec, prompts[:batch], batch, 1, "ar", 8)  # warm-up + graph capture
+            r = run_ours(dec, prompts, batch, 1, "ar", N)
+            outputs[f"ar-b{batch}"] = r["tokens"]
+            add_row("ours AR", batch, 1, r, len(prompts))
+        attempt(R, f"ours AR b{batch}", ar)
+        for block in args.block_sizes:
+            def ng(batch=batch, block=block):
+                dec = decoder("plain", batch)
+                run_ours(dec, prompts[:batch], batch, block, "ngram", N)  # graph capture
+                r = run_ours(dec, prompts, batch, block, "ngram", N)
+                outputs[f"ngram-B{block}-b{batch}"] = r["tokens"]
+                add_row("ours n-gram (host lookup)", batch, block, r, len(prompts))
+            attempt(R, f"ours n-gram B{block} b{batch}", ng)
+
+            def df(batch=batch, block=block):
+                dec = decoder("dflash", batch)
+                run_ours(dec, prompts[:batch], batch, block, "dflash", 2 * block)  # capture
+                run_ours(dec, prompts[:batch], batch, block, "dflash", N)  # captures small q
+                r = run_ours(dec, prompts, batch, block, "dflash", N)
+                prof = run_ours(dec, prompts, batch, block, "dflash", N, profile=True)
+                r["split_seconds"] = prof["split_seconds"]
+                r["profiled_seconds"] = prof["seconds"]
+                outputs[f"dflash-B{block}-b{batch}"] = r["tokens"]
+                add_row("ours DFlash", batch, block, r, len(prompts))
+            attempt(R, f"ours DFlash B{block} b{batch}", df)
+
+    # --- HF generate and the z-lab loop at batch 1 (ours re-timed on the same prompts) ---
+    def hf():
+        secs, toks = [], []
+        for ids in slow[:1] + slow:  # the first run warms up
+            x = torch.tensor([ids], device=DEVICE)
+            sync()
+            t0 = time.perf_counter()
+            y = model.generate(x, do_sample=False, max_new_tokens=N, min_new_tokens=N,
+                               pad_token_id=model.config.pad_token_id or 0)
+            sync()
+            secs.append(time.perf_counter() - t0)
+            toks.append(y[0, len(ids):].tolist())
+        secs, toks = secs[1:], toks[1:]
+        outputs["hf"] = toks
+        add_row("HF generate", 1, 1, {"seconds": sum(secs), "new_tokens": N * len(slow),
+                                      "tokens_per_second": N * len(slow) / sum(secs),
+                                      "tau": 1.0}, len(slow))
+    attempt(R, "HF generate b1", hf)
+
+    def zlab_rows():
+        zl = zlab_module()
+        theirs = zlab_drafter(zl, drafter)
+        for block in args.block_sizes:
+            secs, toks, lens = [], [], []
+            for ids in slow[:1] + slow:
+                x = torch.tensor([ids], device=DEVICE)
+                sync()
+                t0 = time.perf_counter()
+                st = zl.dflash_generate(theirs, model, x, N, None, block_size=block,
+                                        return_stats=True)
+                sync()
+                secs.append(time.perf_counter() - t0)
+                toks.append(st.output_ids[0, len(ids):].tolist())
+                lens.append(list(st.acceptance_lengths))
+            secs, toks, lens = secs[1:], toks[1:], lens[1:]
+            outputs[f"zlab-B{block}"] = toks
+            rounds = sum(len(x) for x in lens)
+            add_row("z-lab dflash 0.1.0", 1, block, {
+                "seconds": sum(secs), "new_tokens": sum(map(len, toks)),
+                "tokens_per_second": sum(map(len, toks)) / sum(secs),
+                "tau": sum(map(sum, lens)) / rounds, "round_ms": sum(secs) / rounds * 1e3,
+                "tau_per_prompt": [round(sum(x) / len(x), 3) for x in lens]}, len(slow))
+    attempt(R, "z-lab dflash b1", zlab_rows)
+
+    def ours_on_slow():
+        for kind, block, prop in [("plain", 1, "ar")] + [("dflash", b, "dflash")
+                                                        for b in args.block_sizes]:
+            r = run_ours(decoder(kind, 1), slow, 1, block, prop, N)
+            outputs[f"slow-{prop}-B{block}"] = r["tokens"]
+            add_row(f"ours {'AR' if prop == 'ar' else 'DFlash'} (slow-row prompts)", 1, block,
+                    r, len(slow))
+    attempt(R, "ours on the HF/z-lab prompts", ours_on_slow)
+
+    # --- agreement (bf16) ---
+    def agree():
+        a = R["checks"]["bf16_agreement"] = {}
+        for key, ref in (("hf", "slow-ar-B1"), ("slow-dflash-B16", "slow-ar-B1"),
+                         ("zlab-B16", "slow-dflash-B16"), ("zlab-B8", "slow-dflash-B8"),
+                         ("zlab-B16", "hf")):
+            if key in outputs and ref in outputs:
+                a[f"{key} vs {ref}"] = agreement(outputs[key], outputs[ref])
+        for k in outputs:
+            if k.startswith(("dflash-", "ngram-")):
+                b = k.rsplit("-b", 1)[1]
+                if f"ar-b{b}" in outputs:
+                    a[f"{k} vs ar-b{b}"] = agreement(outputs[k], outputs[f"ar-b{b}"])
+    attempt(R, "bf16 agreement", agree)
+
+    # --- fp32 token identity: fast (graphs) vs reference loop vs HF, on 4 prompts ---
+    def fp32():
+        m32, _ = load_target(args.target, DEVICE, torch.float32)
+        d32 = load_drafter(args.drafter, DEVICE, torch.float32)
+        ps, n = prompts[:4], 64
+        ref = speculative_generate(m32, DFlashProposer(d32), ps, block_size=16,
+                                   max_new_tokens=n, fast=False)
+        dec = build_decoder(m32, d32, batch=4, max_len=width + n + 16)
+        fast = fast_generate(dec, ps, block_size=16, max_new_tokens=n)
+        hf_out = [m32.generate(torch.tensor([x], device=DEVICE), do_sample=False,
+                               max_new_tokens=n, min_new_tokens=n, pad_token_id=0)[0, len(x):]
+                  .tolist() for x in ps]
+        c = R["checks"]["fp32_identity"] = {
+            "prompts": len(ps), "new_tokens": n,
+            "fast_vs_reference": fast.tokens == ref.tokens, "fast_vs_hf": fast.tokens == hf_out,
+            "round_tokens_equal": [r.round_tokens for r in fast.metrics.requests]
+            == [r.round_tokens for r in ref.metrics.requests]}
+        try:  # the z-lab loop, batch 1, same fp32 weights
+            zl = zlab_module()
+            theirs = zlab_drafter(zl, d32)
+            st = [zl.dflash_generate(theirs, m32, torch.tensor([x], device=DEVICE), n, None,
+                                     block_size=16, return_stats=True) for x in ps]
+            c["fast_vs_zlab"] = fast.tokens == [s.output_ids[0, len(x):].tolist()
+                                                for s, x in zip(st, ps)]
+            c["round_tokens_equal_zlab"] = [r.round_tokens for r in fast.metrics.requests] == [
+                list(s.acceptance_lengths) for s in st]
+        except Exception as err:  # noqa: BLE001
+            c["zlab_error"] = repr(err)
+        print("  fp32:", c)
+    attempt(R, "fp32 identity", fp32)
+
+    # --- per-round overhead at batch 1 vs isolated graph timings of the same steps ---
+    def overhead():
+        o = R["checks"]["round_overhead"] = {}
+        t1 = step_times(decoder("plain", 1), [1])["verify"][1]
+        o["T1_ms"] = t1
+        ar_row = next(r for r in R["rows"] if r["row"] == "ours AR" and r["batch"] == 1)
+        for block in args.block_sizes:
+            st = step_times(decoder("dflash", 1), [block])
+            row = next(r for r in R["rows"] if r["row"] == "ours DFlash" and r["batch"] == 1
+                       and r["block"] == block)
+            iso = st["verify"][block] + st["draft"][block]
+            proj = row["tau"] * t1 / iso
+            sp = row["tokens_per_second"] / ar_row["tokens_per_second"]
+            o[f"B{block}"] = {"verify_ms": st["verify"][block], "draft_ms": st["draft"][block],
+                              "round_ms": row["round_ms"], "round_over_isolated":
+                              row["round_ms"] / iso, "tau": row["tau"],
+                              "projected_speedup": proj, "measured_speedup": sp,
+                              "measured_over_projected": sp / proj}
+            print(f"  B{block}: {o[f'B{block}']}")
+    attempt(R, "round overhead", overhead)
+
+    # --- Qwen3-8B-shape projection (random weights) ---
+    def proj():
+        decs.clear()
+        taus = {f"dflash B{r['block']}": r["tau"] for r in R["rows"]
+                if r["row"] == "ours DFlash" and r["batch"] == 1}
+        R["projection_8b"] = project_8b(taus or {"dflash B16": 3.0})
+        print("  8B:", json.dumps(R["projection_8b"]["projection"]),
+              R["projection_8b"]["verify_ms"], R["projection_8b"]["draft_ms"])
+    if not args.skip_8b and DEVICE == "cuda":
+        attempt(R, "8B projection", proj)
+
+    R["wall_seconds"] = time.perf_counter() - t_start
+    (out_dir / "results.json").write_text(json.dumps(R, indent=1, default=str))
+    table = markdown(R)
+    (out_dir / "table.md").write_text(table)
+    print(table)
+    attempt(R, "plot", lambda: plot(out_dir / "results.json", out_dir / "speedup.png"))
+    (out_dir / "results.json").write_text(json.dumps(R, indent=1, default=str))
+    print(f"wrote {out_dir} in {R['wall_seconds']:.0f} s; errors: {list(R['errors'])}")
+
+
+def markdown(R: dict) -> str:
+    base = {r["batch"]: r["tokens_per_second"] for r in R["rows"] if r["row"] == "ours AR"}
+    slow_base = next((r["tokens_per_second"] for r in R["rows"]
+                      if r["row"].startswith("ours AR (slow")), None)
+    lines = ["| row | batch | B | prompts | tok/s | tau | speedup vs our AR | draft / verify / "
+             "overhead (s) |", "|---|---|---|---|---|---|---|---|"]
+    for r in R["rows"]:
+        ref = slow_base if r["prompts"] != R["args"]["limit"] or "slow" in r["row"] else \
+            base.get(r["batch"])
+        sp = f"{r['tokens_per_second'] / ref:.2f}" if ref else "-"
+        s = r.get("split_seconds")
+        split = f"{s['draft']:.3f} / {s['verify']:.3f} / {s['overhead']:.3f}" if s else "-"
+        lines.append(f"| {r['row']} | {r['batch']} | {r['block']} | {r['prompts']} | "
+                     f"{r['tokens_per_second']:.1f} | {r.get('tau', 1.0):.3f} | {sp} | {split} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

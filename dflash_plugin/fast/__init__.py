@@ -1,0 +1,23 @@
+"""Fast runtime for CUDA: static KV caches, a plain Qwen3 forward, CUDA graphs, and greedy
+decoding loops (DFlash, host n-gram, plain AR) with no host sync inside a round.
+
+Entry points: `build_decoder` (weights from HF/our modules) and `loop.fast_generate`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .drafter import draft_weights
+from .loop import FastDecoder, fast_generate
+from .qwen3 import supports, target_weights
+
+__all__ = ["FastDecoder", "build_decoder", "fast_generate", "supports"]
+
+
+def build_decoder(target, drafter=None, *, batch: int, max_len: int, max_block: int = 16,
+                  graphs: bool = True, dtype: torch.dtype | None = None) -> FastDecoder:
+    """A decoder for an HF Qwen3 `target` and an optional `DFlashDraftModel`."""
+    tw = target_weights(target, dtype)
+    dw = draft_weights(drafter, tw.embed.dtype) if drafter is not None else None
+    return FastDecoder(tw, dw, batch, max_len, tw.embed.device, max_block, graphs)

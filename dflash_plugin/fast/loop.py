@@ -1,0 +1,237 @@
+"""Greedy decoding loops of the fast runtime: DFlash rounds, host-drafted (n-gram) rounds, and
+plain autoregressive decoding (a round with block length 1), all over static caches.
+
+A *round* is three steps over persistent device state: `draft` (q - 1 draft ids), `verify` (the
+target on `[anchor, drafts]`, plus the drafter's context write) and `accept` (greedy acceptance,
+caps, stop tokens, output buffer, lengths, per-round metrics). No step syncs with the host; the
+host reads the state only when it must choose the next block length, so at most one read per
+round and usually one per several rounds. Ragged rows are handled by per-row lengths and masks;
+finished rows stay in the batch and commit nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..errors import require
+from ..generate import GenerationResult
+from ..metrics import AggregateMetrics, RequestMetrics
+from ..ngram import ngram_lookup
+from .cache import StaticKVCache, causal_mask, rope_table
+from .drafter import DraftWeights, context_write, draft_block
+from .graphs import StepGraphs
+from .qwen3 import TargetWeights, target_forward
+
+MAX_STOPS = 8
+AHEAD_CAP = 32  # rounds issued without reading the state back
+
+
+class FastDecoder:
+    def __init__(self, target: TargetWeights, drafter: DraftWeights | None, batch: int,
+                 max_len: int, device, max_block: int = 16, graphs: bool = True):
+        device = torch.device(device)
+        s = target.shape
+        max_len = -(-max_len // 64) * 64  # aligned slots for the fused attention kernels
+        dtype = target.embed.dtype
+        self.target, self.drafter, self.device = target, drafter, device
+        self.batch, self.max_len, self.max_block = batch, max_len, max_block
+        self.tcache = StaticKVCache(s.layers, batch, s.kv_heads, max_len, s.head_dim, dtype,
+                                    device)
+        self.trope = rope_table(max_len, s.head_dim, s.theta, dtype, device)
+        self.layer_ids = drafter.layer_ids if drafter is not None else ()
+        if drafter is not None:
+            d = drafter.shape
+            self.dcache = StaticKVCache(d.layers, batch, d.kv_heads, max_len, d.head_dim,
+                                        drafter.fc.dtype, device)
+            self.dcache.lengths = self.tcache.lengths  # one committed length per row
+            self.drope = rope_table(max_len, d.head_dim, d.theta, drafter.fc.dtype, device)
+        z = dict(dtype=torch.long, device=device)
+        self.anchor = torch.zeros(batch, **z)
+        self.draft_ids = torch.zeros(batch, max(max_block - 1, 1), **z)
+        self.target_ids = torch.zeros(batch, max_block, **z)
+        self.out_len = torch.zeros(batch, **z)
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.max_new = torch.zeros((), **z)
+        self.stops = torch.full((MAX_STOPS,), -1, **z)
+        self.round_idx = torch.zeros(1, **z)
+        # allocated once: captured graphs keep the addresses of every tensor they touch
+        self.out_buf = torch.zeros(batch, max_len + 1, **z)  # last column: dump slot
+        self.history = torch.zeros(max_len + 2, 3, batch, **z)  # per round: n, accepted, live
+        self.steps = StepGraphs(device, graphs)
+
+    # ---- steps (static shapes for a given q; no host sync) ----
+    def _draft(self, q: int) -> None:
+        ids = draft_block(self.drafter, self.dcache, self.drope, self.target.embed,
+                          self.target.lm_head, self.anchor, q)
+        self.draft_ids[:, :q - 1].copy_(ids)
+
+    def _verify(self, q: int) -> None:
+        block = torch.cat([self.anchor[:, None], self.draft_ids[:, :q - 1]], dim=1)
+        positions = self.tcache.lengths[:, None] + torch.arange(q, device=self.device)
+        hn, feats = target_forward(self.target, self.tcache, self.trope, block, positions,
+                                   causal_mask(self.tcache.slots, positions), self.layer_ids)
+        self.target_ids[:, :q].copy_(torch.nn.functional.linear(hn, self.target.lm_head)
+                                     .argmax(-1))
+        if self.drafter is not None:
+            context_write(self.drafter, self.dcache, self.drope, feats, positions)
+
+    def _accept(self, q: int) -> None:
+        tgt, drf = self.target_ids[:, :q], self.draft_ids[:, :q - 1]
+        acc = (drf == tgt[:, :-1]).long().cumprod(-1).sum(-1)  # [batch]
+        n = torch.minimum(acc + 1, self.max_new - self.out_len)
+        j = torch.arange(q, device=self.device)
+        is_stop = (tgt[..., None] == self.stops).any(-1) & (j[None] < n[:, None])
+        hit = is_stop.any(-1)
+        n = torch.where(hit, torch.where(is_stop, j, q).amin(-1) + 1, n)
+        live = ~self.done
+        n = torch.where(live, n, 0)
+        dump = self.out_buf.shape[1] - 1
+        cols = torch.where(j[None] < n[:, None], self.out_len[:, None] + j, dump)
+        self.out_buf.scatter_(1, cols, tgt)
+        self.out_len += n
+        last = tgt.gather(1, (n - 1).clamp_min(0)[:, None])[:, 0]
+        self.anchor.copy_(torch.where(n > 0, last, self.anchor))
+        self.tcache.commit(n)
+        self.done |= (hit & live) | (self.out_len >= self.max_new)
+        self.history.index_copy_(0, self.round_idx, torch.stack([n, acc, live.long()])[None])
+        bump = live.any().long() * (self.round_idx < self.history.shape[0] - 1).long()
+        self.round_idx += bump
+
+    def _state(self):
+        return [self.out_buf, self.out_len, self.anchor, self.tcache.lengths, self.done,
+                self.history, self.round_idx]
+
+    # ---- prefill ----
+    def prefill(self, prompts: list[list[int]], max_new_tokens: int, stops=()) -> None:
+        b, dev = self.batch, self.device
+        require(1 <= len(prompts) <= b, "prompts", f"1..{b} prompts per call, got {len(prompts)}")
+        require(len(stops) <= MAX_STOPS, "stop_token_ids", f"at most {MAX_STOPS}")
+        rows = prompts + [prompts[0]] * (b - len(prompts))  # padding rows start finished
+        width = max(len(p) for p in rows)
+        need = width + max_new_tokens + self.max_block
+        require(need <= self.max_len, "max_new_tokens",
+                f"prompt ({width}) + max_new_tokens + block needs {need} slots; the runtime "
+                f"was built with {self.max_len}")
+        ids = torch.zeros(b, width, dtype=torch.long)
+        for i, p in enumerate(rows):
+            ids[i, :len(p)] = torch.tensor(p)
+        ids = ids.to(dev)
+        lens = torch.tensor([len(p) for p in rows], device=dev)
+        pos = torch.arange(width, device=dev)[None].expand(b, width)
+        hn, feats = target_forward(self.target, self.tcache, self.trope, ids, pos,
+                                   causal_mask(self.tcache.slots, pos), self.layer_ids)
+        last = hn.gather(1, (lens - 1)[:, None, None].expand(b, 1, hn.shape[-1]))[:, 0]
+        first = torch.nn.functional.linear(last, self.target.lm_head).argmax(-1)
+        if self.drafter is not None:
+            context_write(self.drafter, self.dcache, self.drope, feats, pos)
+        self.tcache.reset(lens)
+        self.anchor.copy_(first)
+        self.out_buf.zero_()
+        self.out_buf[:, 0] = first
+        self.out_len.fill_(1)
+        self.max_new.fill_(max_new_tokens)
+        self.stops.fill_(-1)
+        if stops:
+            self.stops[:len(stops)] = torch.tensor(list(stops), device=dev)
+        pad = torch.arange(b, device=dev) >= len(prompts)
+        hit = (first[:, None] == self.stops).any(-1)
+        self.done.copy_(pad | hit | (self.out_len >= self.max_new))
+        self.history.zero_()
+        self.round_idx.zero_()
+
+    # ---- one round ----
+    def round(self, q: int, host_draft: list[list[int]] | None = None, events=None) -> None:
+        if events is not None:
+            events[0].record()
+        if q > 1 and host_draft is not None:
+            self.draft_ids[:, :q - 1].copy_(torch.tensor(host_draft), non_blocking=True)
+        elif q > 1:
+            self.steps.run(("draft", q), lambda: self._draft(q))
+        if events is not None:
+            events[1].record()
+        self.steps.run(("verify", q), lambda: self._verify(q))
+        if events is not None:
+            events[2].record()
+        self.steps.run(("accept", q), lambda: self._accept(q), restore=self._state())
+        if events is not None:
+            events[3].record()
+
+
+class _HostEvent:
+    """Stand-in for `torch.cuda.Event` off CUDA (where every op is synchronous)."""
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: _HostEvent) -> float:  # milliseconds, like CUDA events
+        return (end.t - self.t) * 1e3
+
+
+def _event(device):
+    return torch.cuda.Event(enable_timing=True) if device.type == "cuda" else _HostEvent()
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def fast_generate(dec: FastDecoder, prompts: list[list[int]], *, block_size: int,
+                  max_new_tokens: int, stop_token_ids=(), proposer: str = "dflash",
+                  profile: bool = False) -> GenerationResult:
+    """Greedy generation; `proposer` is "dflash", "ngram" (host prompt lookup) or "ar"
+    (plain decoding: block_size is forced to 1)."""
+    require(proposer in ("dflash", "ngram", "ar"), "proposer", f"got {proposer!r}")
+    require(proposer != "dflash" or dec.drafter is not None, "proposer", "no drafter loaded")
+    bsz = 1 if proposer == "ar" else block_size
+    require(1 <= bsz <= dec.max_block, "block_size", f"must be in [1, {dec.max_block}]")
+    dev = dec.device
+    agg = AggregateMetrics([RequestMetrics(prompt_tokens=len(p)) for p in prompts])
+    t0 = time.perf_counter()
+    dec.prefill(prompts, max_new_tokens, stop_token_ids)
+    _sync(dev)
+    agg.prefill_seconds = time.perf_counter() - t0
+    n_req = len(prompts)
+    issued: list[int] = []  # g of every issued round
+    timing = []
+    while True:
+        done, out_len = torch.stack([dec.done.long(), dec.out_len]).tolist()  # the host read
+        live = [i for i in range(n_req) if not done[i]]
+        if not live:
+            break
+        rem = max(max_new_tokens - out_len[i] for i in live)
+        g = min(bsz - 1, rem)
+        ahead = rem if bsz == 1 else ((rem - g) // bsz + 1 if g == bsz - 1 else 1)
+        host = None
+        if proposer == "ngram":
+            ahead = 1
+            buf = dec.out_buf.tolist()
+            host = [ngram_lookup(list(p) + buf[i][:out_len[i]], g) if i < n_req else []
+                    for i, p in enumerate(prompts + [[0]] * (dec.batch - n_req))]
+            last = [buf[i][out_len[i] - 1] for i in range(n_req)] + [0] * (dec.batch - n_req)
+            host = [c + [c[-1] if c else a] * (g - len(c)) for c, a in zip(host, last)]
+        for _ in range(max(1, min(ahead, AHEAD_CAP))):
+            ev = [_event(dev) for _ in range(4)] if profile else None
+            dec.round(g + 1, host, ev)
+            issued.append(g)
+            if ev:
+                timing.append(ev)
+    agg.total_seconds = time.perf_counter() - t0
+    hist = dec.history[: int(dec.round_idx)].tolist()
+    buf = dec.out_buf.tolist()
+    for r, (n, acc, live) in enumerate(hist):
+        for i in range(n_req):
+            if live[i]:
+                agg.requests[i].record_round(n[i], issued[r], acc[i])
+    tokens = [buf[i][:out_len[i]] for i in range(n_req)]
+    stops = set(stop_token_ids)
+    for m, toks in zip(agg.requests, tokens):
+        m.new_tokens = len(toks)
+        m.stop_reason = "stop" if toks and toks[-1] in stops else "length"
+    if timing:
+        agg.draft_seconds = sum(e[0].elapsed_time(e[1]) for e in timing) / 1e3
+        agg.verify_seconds = sum(e[1].elapsed_time(e[2]) for e in timing) / 1e3
+    return GenerationResult(tokens=tokens, metrics=agg)
