@@ -54,6 +54,9 @@ def attempt(results: dict, name: str, fn):
         traceback.print_exc()
         results["errors"][name] = repr(err)
         return None
+    finally:  # keep what is done if a later part hangs past the caller's time limit
+        if results.get("partial_path"):
+            Path(results["partial_path"]).write_text(json.dumps(results, indent=1, default=str))
 
 
 DEVICE = "cuda"
@@ -161,7 +164,8 @@ def main() -> None:
     R = {"date": str(date.today()), "machine": platform.node(),
          "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else None,
          "dtype": str(dtype), "torch": torch.__version__, "args": vars(args),
-         "rows": [], "checks": {}, "errors": {}}
+         "rows": [], "checks": {}, "errors": {},
+         "partial_path": str(out_dir / "results.partial.json")}
     t_start = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False
     model, tok = load_target(args.target, DEVICE, dtype)
