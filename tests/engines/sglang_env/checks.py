@@ -6,10 +6,7 @@ token-identity check (SGLang cannot run its model forward on CPU), whose logits 
 reference runtime over the same converted checkpoint.
 """
 
-import json
-import os
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,46 +16,11 @@ shims.install()
 
 from sglang.srt.dllm.algorithm import get_algorithm, get_algorithm_cls  # noqa: E402
 from sglang.srt.dllm.config import DllmConfig  # noqa: E402
-from sglang.srt.plugins import load_plugins  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
-from sglang.srt.server_args import prepare_server_args  # noqa: E402
 
 from dflash_plugin.errors import ConfigError as DFlashConfigError  # noqa: E402
 from spiffy_plugin.errors import ConfigError  # noqa: E402
-from spiffy_plugin.graph import DraftGraph, Node  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[3]
-FIX = ROOT / "examples" / "fixtures"
-DLLM = Path(os.environ.get("SPECDEC_CODE_DLLM", ROOT.parent / "shared" / "fixtures" / "code-dllm"))
-
-os.environ.setdefault("SGLANG_PLUGINS", "specdec")
-load_plugins()
-
-
-@pytest.fixture(scope="session")
-def sdar_dir(tmp_path_factory):
-    from spiffy_plugin.engines.sdar import convert_to_sdar
-
-    if not (DLLM / "config.json").is_file():
-        pytest.skip(f"code-dllm fixture not found at {DLLM}")
-    return convert_to_sdar(DLLM, tmp_path_factory.mktemp("sdar") / "code-dllm-sdar")
-
-
-@pytest.fixture(scope="session")
-def graph_path(tmp_path_factory):
-    nodes = (Node.of([(0, 0)], 1), Node.of([(0, 1)], 1), Node.of([(0, 0), (1, 0)], 2))
-    path = tmp_path_factory.mktemp("graph") / "graph.json"
-    DraftGraph(nodes, (5, 2, 3), 16, 16384, "vanilla-1").save(path)
-    return str(path)
-
-
-def server_args(model, algorithm, config: dict | None, tmp_path):
-    argv = ["--model-path", str(model), "--device", "cpu", "--dllm-algorithm", algorithm]
-    if config is not None:
-        path = tmp_path / f"{algorithm}.yaml"
-        path.write_text(json.dumps(config))  # JSON is YAML
-        argv += ["--dllm-algorithm-config", str(path)]
-    return prepare_server_args(argv)
+from tests.engines.sglang_env.fixtures import FIX, server_args  # noqa: E402
 
 
 def test_entry_point_registers_algorithms_idempotently():
@@ -159,4 +121,4 @@ def test_our_dflash_checkpoint_passes_sglang_parser():
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
+    sys.exit(pytest.main([__file__, "-q", "-p", "tests.engines.sglang_env.fixtures"]))
