@@ -88,17 +88,24 @@ def sdar(tmp_path_factory):
 
 
 def test_sdar_conversion_keeps_weights_byte_identical(sdar):
+    from spiffy_plugin.engines.sdar import EMBED, HEAD, HEAD_SHARD, INDEX
+
     src = {f.name for f in DLLM.iterdir() if f.is_file()}
-    assert {f.name for f in sdar.iterdir()} == src
-    for name in src - {"config.json"}:
+    assert {f.name for f in sdar.iterdir()} == src | {HEAD_SHARD}
+    for name in src - {"config.json", INDEX}:
         assert (sdar / name).read_bytes() == (DLLM / name).read_bytes(), name
+    old, new = (json.loads((d / INDEX).read_text())["weight_map"] for d in (DLLM, sdar))
+    assert new == {**old, HEAD: HEAD_SHARD}
+    embed = load_file(DLLM / old[EMBED])[EMBED]
+    head = load_file(sdar / HEAD_SHARD)[HEAD]
+    assert head.dtype == embed.dtype == torch.bfloat16
+    assert torch.equal(head.view(torch.int16), embed.view(torch.int16))  # the same bits
     old, new = (json.loads((d / "config.json").read_text()) for d in (DLLM, sdar))
     assert new.pop("architectures") == ["SDARForCausalLM"]
+    assert new.pop("tie_word_embeddings") is False
+    assert old.pop("tie_word_embeddings") is True
     old.pop("architectures")
     assert new == old  # every other field unchanged (dllm_block_size, mask_token_id, ...)
-    shard = sorted(sdar.glob("*.safetensors"))[0]
-    assert all(torch.equal(a, b) for a, b in zip(load_file(shard).values(),
-                                                 load_file(DLLM / shard.name).values()))
 
 
 def test_sdar_conversion_runs_in_our_runtime(sdar):
@@ -110,6 +117,28 @@ def test_sdar_conversion_runs_in_our_runtime(sdar):
     b = AutoModelForCausalLM.from_pretrained(sdar, dtype=torch.float32).eval()
     assert generate(a, [5, 17, 29], max_new_tokens=16).tokens == \
         generate(b, [5, 17, 29], max_new_tokens=16).tokens
+
+
+def test_sdar_conversion_of_a_tied_single_file_checkpoint(tmp_path):
+    from tests.conftest import tiny_target
+
+    model = tiny_target()
+    model.config.tie_word_embeddings = True
+    model.config.rope_parameters = {"rope_theta": 10000.0, "rope_type": "default"}
+    model.config.dllm_block_size, model.config.mask_token_id = 8, 3
+    model.tie_weights()
+    model.save_pretrained(tmp_path / "src")
+    assert (tmp_path / "src" / "model.safetensors").is_file()
+    out = convert_to_sdar(tmp_path / "src", tmp_path / "out")
+    assert not (out / "model.safetensors").exists()
+    from transformers import AutoModelForCausalLM
+
+    a = AutoModelForCausalLM.from_pretrained(tmp_path / "src").eval()
+    b = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert not b.config.tie_word_embeddings
+    ids = torch.tensor([[5, 17, 29, 41]])
+    with torch.no_grad():
+        assert torch.equal(a(ids).logits, b(ids).logits)
 
 
 @pytest.mark.parametrize("edit,field", [
