@@ -15,7 +15,8 @@ K      ?= 15
 # CPU defaults for vLLM; on a GPU host use e.g. SERVE_ARGS="--dtype bfloat16".
 SERVE_ARGS ?= --dtype float32 --enforce-eager --max-model-len 2048
 export VLLM_CPU_KVCACHE_SPACE ?= 1
-SGLANG_TEST_PKGS := sglang==0.5.23 orjson==3.13.0 gguf==0.19.0 ipython==9.18.1 traitlets==5.16.1
+SGLANG_TEST_PKGS := sglang==0.5.23 orjson==3.13.0 gguf==0.19.0 ipython==9.18.1 traitlets==5.16.1 \
+                    soundfile==0.13.1
 
 .PHONY: setup demo generate serve test lint clean
 
