@@ -29,16 +29,20 @@ def register() -> None:
 
 def check_draft_for_sglang(draft_dir: str | Path, target_config: Any,
                            num_draft_tokens: int | None = None) -> dict:
-    """Parse a drafter's config.json with SGLang's DFlash parser, resolve its capture layers for
-    `target_config` as SGLang does, and run our pair check. Returns what SGLang will use."""
+    """Load a drafter's config with SGLang's loader and DFlash parser (as its launcher does),
+    resolve the capture layers for `target_config` as SGLang does, and run our pair check.
+    Returns what SGLang will use."""
     from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+    from sglang.srt.utils.hf_transformers_utils import get_config
 
     raw = json.loads((Path(draft_dir) / "config.json").read_text())
-    parsed = parse_dflash_draft_config(draft_hf_config=raw)
+    hf = get_config(str(draft_dir), trust_remote_code=False)
+    parsed = parse_dflash_draft_config(draft_hf_config=hf)
     layers = parsed.resolve_target_layer_ids(
         target_num_layers=target_config.num_hidden_layers,
         draft_num_layers=parsed.require_num_layers())
     k = None if num_draft_tokens is None else num_draft_tokens - 1
     ours = check_serving_config(raw, target_config, k)
     return {"block_size": parsed.resolve_block_size(default=16), "mask_token_id":
-            parsed.mask_token_id, "target_layer_ids": layers, "ours": ours}
+            parsed.mask_token_id, "mask_token": parsed.mask_token, "target_layer_ids": layers,
+            "ours": ours}

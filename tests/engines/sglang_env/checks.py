@@ -96,7 +96,7 @@ def test_specfold_rejects_bad_delta(sdar_dir, graph_path, tmp_path, delta):
 
 def test_our_dflash_checkpoint_passes_sglang_parser():
     from sglang.srt.speculative.dflash_utils import build_target_layer_ids as sglang_layers
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoTokenizer
 
     from dflash_plugin.config import build_target_layer_ids, load_config
     from dflash_plugin.engines.sglang import check_draft_for_sglang
@@ -107,6 +107,9 @@ def test_our_dflash_checkpoint_passes_sglang_parser():
     assert got["block_size"] == ours.block_size == 16
     assert got["mask_token_id"] == ours.mask_token_id == 2
     assert got["target_layer_ids"] == list(ours.target_layer_ids)
+    # SGLang's worker rejects a mask token id that the tokenizer maps to another token
+    vocab = AutoTokenizer.from_pretrained(FIX / "code-target").get_vocab()
+    assert vocab.get(got["mask_token"], ours.mask_token_id) == ours.mask_token_id
     for n_target in (4, 8, 36, 64):  # drafters without explicit ids pick the same layers
         for n_draft in (1, 2, 3, 5):
             assert sglang_layers(n_target, n_draft) == build_target_layer_ids(n_target, n_draft)
