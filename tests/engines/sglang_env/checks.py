@@ -20,7 +20,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 
 from dflash_plugin.errors import ConfigError as DFlashConfigError  # noqa: E402
 from spiffy_plugin.errors import ConfigError  # noqa: E402
-from tests.engines.sglang_env.fixtures import FIX, server_args  # noqa: E402
+from tests.engines.sglang_env.fixtures import DLLM, FIX, server_args  # noqa: E402
 
 
 def test_entry_point_registers_algorithms_idempotently():
@@ -60,6 +60,25 @@ def test_spiffy_and_specfold_resolve_from_command_line(sdar_dir, graph_path, tmp
     assert (type(algo).__name__, algo.delta, algo.cfg.keep) == ("SpecFold", 0.25, 3)
     low = DllmConfig.from_server_args(server_args(sdar_dir, "LowConfidence", None, tmp_path))
     assert (low.mask_id, low.block_size) == (2, 16)  # same model, SGLang's own algorithm
+
+
+def test_converted_checkpoint_is_an_sdar_model_for_sglang(sdar_dir, tmp_path):
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.models.registry import ModelRegistry
+    from transformers import AutoConfig
+
+    ours = AutoConfig.from_pretrained(DLLM)
+    hf = ModelConfig.from_server_args(server_args(sdar_dir, "LowConfidence", None, tmp_path),
+                                      model_path=str(sdar_dir)).hf_config
+    cls, arch = ModelRegistry.resolve_model_cls(hf.architectures)
+    assert (cls.__module__, arch) == ("sglang.srt.models.sdar", "SDARForCausalLM")
+    for field in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
+                  "rms_norm_eps", "max_position_embeddings", "attention_bias"):
+        assert getattr(hf, field) == getattr(ours, field), field
+    # SDAR's attention reads config.rope_theta (default 10000); it must be our base
+    assert getattr(hf, "rope_theta", 10000.0) == ours.rope_parameters["rope_theta"]
+    assert hf.tie_word_embeddings is False  # the head is an explicit tensor (see sdar.py)
 
 
 BAD = [
