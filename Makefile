@@ -15,6 +15,8 @@ K      ?= 15
 # CPU defaults for vLLM; on a GPU host use e.g. SERVE_ARGS="--dtype bfloat16".
 SERVE_ARGS ?= --dtype float32 --enforce-eager --max-model-len 2048
 export VLLM_CPU_KVCACHE_SPACE ?= 1
+SGLANG_TEST_PKGS := sglang==0.5.23 orjson==3.13.0 gguf==0.19.0 ipython==9.18.1 traitlets==5.16.1 \
+                    soundfile==0.13.1
 
 .PHONY: setup demo generate serve test lint clean
 
@@ -29,6 +31,10 @@ $(STAMP): pyproject.toml
 	# External oracle for the tests: z-lab's PyPI reference, kept out of site-packages
 	# (its `dflash` console script would shadow ours).
 	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/oracle dflash==0.1.0
+	# SGLang test environment (tests/engines/test_sglang.py): the real sglang wheel, none of its
+	# CUDA-only dependencies, plus the pure-Python modules its config/plugin imports need that
+	# .venv lacks; kept out of site-packages (it pins another torch). README "SGLang" lists it.
+	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/sglang $(SGLANG_TEST_PKGS)
 	touch $(STAMP)
 
 # The main job: vLLM's OpenAI server with the DFlash drafter, side by side with plain serving.

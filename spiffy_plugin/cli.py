@@ -1,5 +1,5 @@
-"""`spiffy` command line: `calibrate` (build a draft graph) and `generate` (vanilla, threshold
-or Spiffy decoding of one prompt, with NFE counts)."""
+"""`spiffy` command line: `calibrate` (build a draft graph), `generate` (vanilla, threshold
+or Spiffy decoding of one prompt, with NFE counts) and `convert-sdar` (a checkpoint for SGLang)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,14 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_convert_sdar(args) -> int:
+    from .engines.sdar import convert_to_sdar
+
+    out = convert_to_sdar(args.model, args.out)
+    print(f"wrote {out}: serve it with sglang.launch_server --dllm-algorithm ... (README 'SGLang')")
+    return 0
+
+
 def _decode_args(p) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -109,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--graph", default=None)
     g.add_argument("--keep", type=int, default=None, help="D*: nodes kept after pruning")
     g.set_defaults(func=cmd_generate)
+    s = sub.add_parser("convert-sdar", help="write a copy SGLang serves as SDARForCausalLM")
+    s.add_argument("--model", required=True)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_convert_sdar)
     args = p.parse_args(argv)
     try:
         return args.func(args)

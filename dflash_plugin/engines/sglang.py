@@ -1,0 +1,48 @@
+"""SGLang adapter: the `sglang.srt.plugins` entry point of this distribution, and DFlash checks.
+
+DFlash: SGLang (0.5.23) serves z-lab checkpoints natively (`--speculative-algorithm DFLASH
+--speculative-draft-model-path DIR`); its parser reads `dflash_config.{mask_token_id,
+target_layer_ids}`, `block_size` and `num_target_layers`, so a drafter trained here runs there
+unchanged and nothing is registered for it. `check_draft_for_sglang` runs SGLang's own parser
+and target-layer selection on a drafter plus our pair check. Builtin algorithm names are reserved
+in SGLang; features SGLang lacks will register under names of their own.
+`register` (the entry point) adds the dLLM algorithms Spiffy and SpecFold.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint import check_serving_config
+
+DLLM_ADAPTERS = ("spiffy_plugin.engines.sglang", "specfold_plugin.engines.sglang")
+
+
+def register() -> None:
+    """Entry point (loaded by SGLang's launcher, scheduler and detokenizer). Idempotent."""
+    for module in DLLM_ADAPTERS:
+        importlib.import_module(module).register()
+
+
+def check_draft_for_sglang(draft_dir: str | Path, target_config: Any,
+                           num_draft_tokens: int | None = None) -> dict:
+    """Load a drafter's config with SGLang's loader and DFlash parser (as its launcher does),
+    resolve the capture layers for `target_config` as SGLang does, and run our pair check.
+    Returns what SGLang will use."""
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    raw = json.loads((Path(draft_dir) / "config.json").read_text())
+    hf = get_config(str(draft_dir), trust_remote_code=False)
+    parsed = parse_dflash_draft_config(draft_hf_config=hf)
+    layers = parsed.resolve_target_layer_ids(
+        target_num_layers=target_config.num_hidden_layers,
+        draft_num_layers=parsed.require_num_layers())
+    k = None if num_draft_tokens is None else num_draft_tokens - 1
+    ours = check_serving_config(raw, target_config, k)
+    return {"block_size": parsed.resolve_block_size(default=16), "mask_token_id":
+            parsed.mask_token_id, "mask_token": parsed.mask_token, "target_layer_ids": layers,
+            "ours": ours}

@@ -1,0 +1,31 @@
+"""SpecFold as an SGLang dLLM algorithm (imported lazily, inside SGLang processes only).
+
+Folding is not applied inside SGLang yet: SpecFold validates its full config (graph, D, D*,
+delta) and then runs Spiffy's exact path (`spiffy_plugin.engines.sglang_algorithm`), so its
+output is the unfolded one, never an approximation presented as folded.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from spiffy_plugin.engines.sglang_algorithm import Spiffy
+
+from .sglang import parse_specfold_config
+
+logger = logging.getLogger(__name__)
+
+
+def _parse(raw, *, block_size: int, mask_id: int):
+    return parse_specfold_config(raw, block_size=block_size, mask_id=mask_id).spiffy
+
+
+class SpecFold(Spiffy):
+    parse = staticmethod(_parse)
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.delta = parse_specfold_config(config.algorithm_config, block_size=config.block_size,
+                                           mask_id=config.mask_id).delta
+        logger.warning("SpecFold (delta=%g): folded verification is not implemented in the "
+                       "SGLang adapter yet; running Spiffy's exact path", self.delta)

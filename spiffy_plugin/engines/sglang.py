@@ -1,0 +1,219 @@
+"""SGLang adapter for Spiffy: a dLLM algorithm for `--dllm-algorithm Spiffy`.
+
+SGLang's dLLM runtime denoises one *canvas* (the current block) per request; an algorithm's
+`step` turns the canvas's logits into the next canvas. The *algorithm config* is the YAML file of
+`--dllm-algorithm-config` (keys below). This module is import-free of SGLang: it validates
+configs and holds the tensor step; `sglang_algorithm.py` is the SGLang class, imported lazily.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..decode import choose_unmask, step_distribution
+from ..errors import ConfigError, require
+from ..graph import DraftGraph, load_graph
+from ..params import DecodeParams
+
+FIELD = "--dllm-algorithm-config"
+# Keys SGLang itself reads from the same YAML (dllm/config.py, algorithm base).
+SGLANG_KEYS = frozenset({"block_size", "capture_input_preparation"})
+SPIFFY_KEYS = frozenset({"graph", "budget", "keep", "threshold", "unmask_per_step",
+                         "eos_token_id", "banned_token_ids"})
+
+
+def rule_params(rule: str) -> DecodeParams:
+    """DecodeParams of a graph's `rule` ("vanilla-S" or "threshold-T"), greedy."""
+    kind, _, value = rule.partition("-")
+    try:
+        if kind == "vanilla":
+            return DecodeParams(unmask_per_step=int(value))
+        if kind == "threshold":
+            return DecodeParams(threshold=float(value))
+    except ValueError:
+        pass
+    raise ConfigError("graph.rule", f"expected 'vanilla-S' or 'threshold-T', got {rule!r}")
+
+
+@dataclass(frozen=True)
+class SpiffyConfig:
+    graph: DraftGraph
+    graph_path: str
+    keep: int  # D*: draft nodes scored per forward after pruning
+    params: DecodeParams  # the decoding rule (must be the one the graph was calibrated under)
+    mask_id: int
+    eos_token_id: int | None
+    banned_token_ids: tuple[int, ...]  # never predicted (mask, pad)
+
+    @property
+    def budget(self) -> int:  # D: nodes in the calibrated graph
+        return len(self.graph.nodes)
+
+
+def _int(raw: dict, key: str, lo: int, hi: int | None = None) -> int | None:
+    v = raw.get(key)
+    if v is None:
+        return None
+    ok = isinstance(v, int) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
+    rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+    require(ok, f"{FIELD}: {key}", f"must be an integer {rng}, got {v!r}")
+    return v
+
+
+def parse_spiffy_config(raw: Any, *, block_size: int, mask_id: int,
+                        extra_keys: frozenset[str] = frozenset()) -> SpiffyConfig:
+    """Validate an algorithm config mapping; raise `ConfigError` naming the key and range."""
+    require(isinstance(raw, dict), FIELD, f"must be a YAML mapping, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - SPIFFY_KEYS - SGLANG_KEYS - extra_keys)
+    allowed = sorted(SPIFFY_KEYS | SGLANG_KEYS | extra_keys)
+    require(not unknown, FIELD, f"unknown keys {unknown}; allowed: {allowed}")
+    require(raw.get("graph") is not None, f"{FIELD}: graph",
+            "required: the calibrated draft graph file (`spiffy calibrate --out`)")
+    require(isinstance(raw["graph"], str), f"{FIELD}: graph",
+            f"must be a path, got {raw['graph']!r}")
+    graph = load_graph(Path(raw["graph"]).expanduser())
+    d = len(graph.nodes)
+    require(d >= 1, f"{FIELD}: graph", "the graph has no nodes")
+    require(graph.block_size == block_size, f"{FIELD}: block_size",
+            f"the graph was calibrated for blocks of {graph.block_size}, SGLang's dLLM block "
+            f"size is {block_size} (set block_size: {graph.block_size} in the YAML)")
+    budget = _int(raw, "budget", 1)
+    require(budget is None or budget == d, f"{FIELD}: budget",
+            f"D={budget} but the graph file holds {d} nodes")
+    keep = _int(raw, "keep", 1, d)
+    params = rule_params(graph.rule)
+    s = _int(raw, "unmask_per_step", 1)
+    if s is not None:
+        require(params.threshold is None and s == params.unmask_per_step,
+                f"{FIELD}: unmask_per_step", f"{s} differs from the graph's rule {graph.rule!r}")
+    t = raw.get("threshold")
+    if t is not None:
+        require(params.threshold is not None and float(t) == params.threshold,
+                f"{FIELD}: threshold", f"{t!r} differs from the graph's rule {graph.rule!r}")
+    eos = _int(raw, "eos_token_id", 0)
+    banned = raw.get("banned_token_ids", [mask_id])
+    require(isinstance(banned, list) and all(isinstance(b, int) and b >= 0 for b in banned),
+            f"{FIELD}: banned_token_ids", f"must be a list of token ids, got {banned!r}")
+    return SpiffyConfig(graph, raw["graph"], d if keep is None else keep, params, mask_id, eos,
+                        tuple(sorted(set(banned) | {mask_id})))
+
+
+def decodable_positions(
+    ids: torch.Tensor,  # [batch, block] canvas
+    prompt_mask: torch.Tensor | None,  # [batch, block] True where the prompt owns the position
+    mask_id: int,
+    eos_token_id: int | None,
+) -> torch.Tensor:  # [batch, block] bool: masked, not prompt, before any generated EOS
+    gen = torch.ones_like(ids, dtype=torch.bool) if prompt_mask is None else ~prompt_mask
+    ok = (ids == mask_id) & gen
+    if eos_token_id is not None:
+        eos_seen = ((ids == eos_token_id) & gen).long().cumsum(-1) > 0
+        ok &= ~eos_seen
+    return ok
+
+
+def denoise_step(
+    ids: torch.Tensor,  # [batch, block] canvas, modified in place
+    logits: torch.Tensor,  # [batch, block, vocab] logits of this canvas
+    prompt_mask: torch.Tensor,  # [batch, block] True where the prompt owns the position
+    cfg: SpiffyConfig,
+) -> list[bool]:  # per row: the canvas was already final when this forward scored it
+    """One denoising step of the graph's rule with the reference runtime's own function
+    (`decode.choose_unmask`). As SGLang requires, a row reports done only once a forward has
+    seen its final canvas (so its K/V are persisted); masks after a generated EOS become EOS."""
+    logits = logits.float()
+    if cfg.banned_token_ids:
+        logits[..., list(cfg.banned_token_ids)] = float("-inf")
+    done = []
+    for r in range(ids.shape[0]):
+        dec = decodable_positions(ids[r: r + 1], prompt_mask[r: r + 1], cfg.mask_id,
+                                  cfg.eos_token_id)[0]
+        done.append(not bool(dec.any()))
+        if done[-1]:
+            continue
+        probs = step_distribution(logits[r], cfg.params)
+        pos, toks = choose_unmask(probs, dec, cfg.params, None)
+        ids[r, pos] = toks.to(ids.dtype)
+        left = decodable_positions(ids[r: r + 1], prompt_mask[r: r + 1], cfg.mask_id,
+                                   cfg.eos_token_id)[0]
+        if not left.any() and cfg.eos_token_id is not None:
+            ids[r] = ids[r].masked_fill((ids[r] == cfg.mask_id) & ~prompt_mask[r],
+                                        cfg.eos_token_id)
+    return done
+
+
+def checkpoint_defaults(hf_config: Any, algorithm_config: dict) -> tuple[int | None, int | None]:
+    """What a checkpoint of this project declares for SGLang's dLLM runtime: (mask id, block size)
+    to use instead of SGLang's per-architecture table (SDAR: mask 151669, block 4), and the EOS /
+    banned ids of the reference runtime put into `algorithm_config` where the YAML has none."""
+    mask = getattr(hf_config, "mask_token_id", None)
+    block = getattr(hf_config, "dllm_block_size", None)
+    if mask is None:
+        return None, None
+    eos = getattr(hf_config, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, list) else eos
+    pad = getattr(hf_config, "pad_token_id", None)
+    if eos is not None:
+        algorithm_config.setdefault("eos_token_id", int(eos))
+    banned = {int(mask)} | ({int(pad)} if pad is not None and pad != eos else set())
+    algorithm_config.setdefault("banned_token_ids", sorted(banned))
+    return int(mask), (None if "block_size" in algorithm_config or block is None else int(block))
+
+
+# --- registration (SGLang imported only from here on, inside functions) -----------------------
+ALGORITHMS: dict[str, str] = {}  # --dllm-algorithm name -> "module:Class"; filled by register
+GET_ALGORITHM = "sglang.srt.dllm.algorithm.get_algorithm_cls"
+DLLM_CONFIG = "sglang.srt.dllm.config.DllmConfig.from_server_args"
+
+
+def _resolve_algorithm(original, name, *args, **kwargs):
+    """AROUND hook on SGLang's `get_algorithm_cls`: our names first, then SGLang's own."""
+    import pkgutil
+
+    if name in ALGORITHMS:
+        return pkgutil.resolve_name(ALGORITHMS[name])
+    return original(name, *args, **kwargs)
+
+
+def _apply_checkpoint_defaults(result, server_args, *args, **kwargs):
+    """AFTER hook on `DllmConfig.from_server_args` for SDAR checkpoints that declare their mask
+    token (ours, see `sdar.py`); others are left as SGLang made them."""
+    if result is None:
+        return result
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.configs.model_config import ModelConfig
+
+    cfg = resolving_view(server_args)
+    hf = ModelConfig.from_server_args(server_args, model_path=cfg.model_path,
+                                      model_revision=cfg.revision).hf_config
+    if (getattr(hf, "architectures", None) or [""])[0] not in ("SDARForCausalLM",
+                                                                "SDARMoeForCausalLM"):
+        return result
+    mask, block = checkpoint_defaults(hf, result.algorithm_config)
+    if mask is not None:
+        result.mask_id = mask
+    if block is not None:
+        result.block_size = block
+    return result
+
+
+def register_dllm_algorithm(name: str, class_path: str) -> None:
+    """Make `--dllm-algorithm NAME` resolve to `class_path` ("module:Class", imported when
+    SGLang asks for it). Idempotent. SGLang has no registry for dLLM algorithms (it collects the
+    modules of its own package), so this uses its plugin hook registry."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    first = not ALGORITHMS
+    prev = ALGORITHMS.setdefault(name, class_path)
+    require(prev == class_path, "--dllm-algorithm", f"{name!r} is already registered as {prev}")
+    if first:
+        HookRegistry.register(GET_ALGORITHM, _resolve_algorithm, HookType.AROUND)
+        HookRegistry.register(DLLM_CONFIG, _apply_checkpoint_defaults, HookType.AFTER)
+
+
+def register() -> None:
+    register_dllm_algorithm("Spiffy", "spiffy_plugin.engines.sglang_algorithm:Spiffy")
