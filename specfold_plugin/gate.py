@@ -59,17 +59,14 @@ def resolve_sources(
     fold: torch.Tensor,  # [k, n] bool, fold[0] all False
     parents: torch.Tensor,  # [k] long, parents[i] < i
 ) -> torch.Tensor:  # [k, n] long: branch whose projections position n of branch i uses
-    """Pointer jumping: each round a folded entry moves to its pointer's pointer, so a chain of
-    depth D resolves in ceil(log2(D)) + 1 rounds (no order over branches needed)."""
+    """Pointer jumping: each round a folded entry moves to its pointer's pointer, so chains of up
+    to k - 1 hops resolve in ceil(log2(k)) rounds (a fixed count: no host sync, no branch order)."""
     k, n = fold.shape
     own = torch.arange(k, device=fold.device)[:, None].expand(k, n)
     ptr = torch.where(fold, parents.clamp(min=0)[:, None].expand(k, n), own)
     col = torch.arange(n, device=fold.device)[None].expand(k, n)
-    for _ in range(max(1, math.ceil(math.log2(max(k, 2)))) + 1):
-        nxt = ptr[ptr, col]
-        if torch.equal(nxt, ptr):
-            break
-        ptr = nxt
+    for _ in range(max(1, math.ceil(math.log2(max(k, 2))))):
+        ptr = ptr[ptr, col]
     return ptr
 
 
