@@ -1,11 +1,12 @@
 """SpecFold vs Spiffy vs vanilla: fold ratio, agreement, NFE (any device); verify latency and
 tokens/s (CUDA only; CPU seconds are recorded but are not a speed result).
 
-    python benchmarks/specfold_bench.py --model ../shared/fixtures/code-dllm \
+    PYTHONPATH=. python benchmarks/specfold_bench.py --model ../shared/fixtures/code-dllm \
         --prompts examples/fixtures/dev-prompts.jsonl --calib 32:40 --eval 0:8 \
-        --max-new-tokens 256 --budget 10 --out benchmarks/results/specfold-cpu
+        --max-new-tokens 128 --budget 10 --out benchmarks/results/specfold-cpu
 Sections (`--sections`): `e2e` = vanilla / Spiffy / SpecFold per delta on the eval prompts
-(fold ratios, token agreement with Spiffy, NFE, projected FLOP saving, seconds); `latency`
+(fold ratios, token agreement with Spiffy, NFE, projected FLOP saving, seconds); `steps` = per
+verify forward, does each draft's next greedy step agree between folded and dense logits; `latency`
 (CUDA) = one verify forward, dense (Spiffy) vs folded per delta, at 2/4/8 kept drafts, timed on
 real decoding states of the fixture; `8b` (CUDA) = the same on a random-weight Qwen3-8B-shaped
 model (bf16, `--layers-8b` layers, `--context-8b` committed tokens) with the fixture's observed
@@ -100,6 +101,43 @@ def run_e2e(model, evals, graph, deltas, ffn_gates, max_new, dev, log):
                 log(rows[-1])
             except Exception:  # noqa: BLE001 - report and go on
                 traceback.print_exc()
+    return rows
+
+
+def _greedy_step(logits, masked):  # [n, vocab], [n] bool -> (position, token)
+    conf, tok = torch.softmax(logits, -1).max(-1)
+    pos = int(conf.masked_fill(~masked, -1.0).argmax())
+    return pos, int(tok[pos])
+
+
+def run_steps(model, evals, graph, deltas, max_new, log):
+    """Local error, no compounding: decoding follows Spiffy's dense logits; in every verify
+    forward, each draft's next greedy step (most confident masked position, its token) is taken
+    from dense and from folded logits and compared."""
+    mask_id = dllm_spec(model.config).mask_token_id
+    rows = []
+    for delta in deltas:
+        count = [0, 0]
+
+        def shadow(runner, blocks, parents, delta=delta, count=count):
+            dense = dense_verify(runner, blocks, parents)
+            folded = folded_forward(runner, blocks, parents, delta)
+            runner.nfe -= 1
+            masked = (blocks == mask_id).to(dense.device)
+            for i in range(1, len(parents)):
+                if masked[i].any():
+                    count[1] += 1
+                    count[0] += _greedy_step(dense[i], masked[i]) == _greedy_step(folded[i],
+                                                                                   masked[i])
+            return dense
+        try:
+            for x in evals:
+                spiffy_generate(model, x, graph, DecodeParams(), max_new, verify=shadow)
+            rows.append({"delta": delta, "draft_steps": count[1],
+                         "step_agreement": round(count[0] / max(count[1], 1), 4)})
+            log(rows[-1])
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
     return rows
 
 
@@ -228,7 +266,8 @@ def main() -> None:
     p.add_argument("--deltas", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.2, 0.3])
     p.add_argument("--ffn-gates", nargs="+", default=["own"], choices=["own", "layer"])
     p.add_argument("--branches", type=int, nargs="+", default=[2, 4, 8])
-    p.add_argument("--sections", nargs="+", default=["e2e", "latency", "8b"])
+    p.add_argument("--sections", nargs="+", default=["e2e", "steps", "latency", "8b"])
+    p.add_argument("--step-prompts", type=int, default=4, help="eval prompts for `steps`")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--iters", type=int, default=10)
@@ -261,6 +300,10 @@ def main() -> None:
     if "e2e" in a.sections:
         result["e2e"] = run_e2e(model, evals, graph, a.deltas, a.ffn_gates, a.max_new_tokens,
                                 dev, log)
+        save()
+    if "steps" in a.sections:
+        result["step_agreement"] = run_steps(model, evals[: a.step_prompts], graph, a.deltas,
+                                             a.max_new_tokens, log)
         save()
     if dev.type == "cuda" and "latency" in a.sections:
         result["latency_fixture"] = run_latency(model, evals[0], graph, a.deltas, a.branches,
