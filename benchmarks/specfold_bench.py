@@ -86,7 +86,7 @@ def run_e2e(model, evals, graph, deltas, ffn_gates, max_new, dev, log):
                 stats = FoldStats(model.config.num_hidden_layers)
                 for r in got:
                     if r.fold is not None:
-                        _add_stats(stats, r.fold)
+                        stats.merge(r.fold)
                 agree = [token_agreement(r.tokens, t) for r, t in zip(got, ref)]
                 toks = sum(len(r.tokens) for r in got)
                 rows.append({"decoder": "specfold", "delta": delta, "ffn_gate": ffn_gate,
@@ -139,17 +139,6 @@ def run_steps(model, evals, graph, deltas, max_new, log):
         except Exception:  # noqa: BLE001
             traceback.print_exc()
     return rows
-
-
-def _add_stats(total: FoldStats, s: FoldStats) -> None:
-    total.forwards += s.forwards
-    total.rows += s.rows
-    total.root_rows += s.root_rows
-    total.prefix_qk_dense += s.prefix_qk_dense
-    total.prefix_qk_folded += s.prefix_qk_folded
-    for i in range(total.layers):
-        total.qkv_rows[i] += s.qkv_rows[i]
-        total.ffn_rows[i] += s.ffn_rows[i]
 
 
 def forced_gate(ratios: tuple[float, float], dev):

@@ -36,6 +36,16 @@ class FoldStats:
         self.ffn_rows[layer] += ffn
         self.prefix_qk_folded += qkv * context
 
+    def merge(self, other: FoldStats) -> None:
+        """Add another run's counters (same model) to these."""
+        self.forwards += other.forwards
+        self.rows += other.rows
+        self.root_rows += other.root_rows
+        self.prefix_qk_dense += other.prefix_qk_dense
+        self.prefix_qk_folded += other.prefix_qk_folded
+        self.qkv_rows = [a + b for a, b in zip(self.qkv_rows, other.qkv_rows)]
+        self.ffn_rows = [a + b for a, b in zip(self.ffn_rows, other.ffn_rows)]
+
     def fold_ratio(self, part: str = "qkv", drafts_only: bool = False) -> float:
         """Share of rows folded by the `part` ("qkv" or "ffn") gate, over all layers."""
         done = sum(self.qkv_rows if part == "qkv" else self.ffn_rows)

@@ -149,3 +149,29 @@ def test_bad_input(dllm, graphs, capsys):  # noqa: F811
     assert specfold_main(["generate", "--model", "x", "--graph", "g.json", "--prompt", "a",
                           "--delta", "-1"]) == 2
     assert "delta" in capsys.readouterr().err
+
+
+def test_cli_generate_and_compare(graphs, tmp_path, capsys):  # noqa: F811
+    from tests.spiffy.test_runtime import DLLM
+
+    graphs[3].save(tmp_path / "g.json")
+    rc = specfold_main(["generate", "--model", str(DLLM), "--graph", str(tmp_path / "g.json"),
+                        "--prompt", EVAL[0], "--max-new-tokens", "24", "--delta", "0",
+                        "--compare"])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.startswith(EVAL[0])
+    assert "folded rows: QKV" in out and "24/24 tokens agree (100.0%)" in out
+
+
+def test_stats_merge_adds_counters():
+    a, b = FoldStats(2), FoldStats(2)
+    a.add_forward(32, 16, 10)
+    a.add_layer(0, 40, 30, 10)
+    b.add_forward(48, 16, 20)
+    b.add_layer(1, 50, 16, 20)
+    a.merge(b)
+    assert (a.forwards, a.rows, a.root_rows) == (2, 80, 32)
+    assert a.qkv_rows == [40, 50] and a.ffn_rows == [30, 16]
+    assert a.prefix_qk_dense == 32 * 10 + 48 * 20 and a.prefix_qk_folded == 400 + 1000
+    assert a.fold_ratio("qkv") == pytest.approx(1 - 90 / 160)
+    assert a.fold_ratio("qkv", drafts_only=True) == pytest.approx(1 - (90 - 64) / (160 - 64))
