@@ -7,19 +7,44 @@ decoder: the true next state is chosen from the root's distribution exactly as v
 would (same rule, same random stream); if it equals a draft, that draft's distribution, already
 computed in this forward, gives the following step, and its children are checked the same way.
 So one forward advances 1 + (accepted depth) steps, and the output equals vanilla decoding's.
+*Branches* of a verification forward: 0 = the root, 1.. = the kept drafts; each has a parent
+branch (`branch_parents`), which SpecFold's pluggable verify forward (`Verify`) may exploit.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from .decode import DLLMResult, choose_unmask, start_decoding, step_distribution
 from .errors import require
-from .graph import DraftGraph, Node, geometric_mean
+from .graph import DraftGraph, Node, geometric_mean, is_parent
 from .params import DecodeParams
-from .runtime import dllm_spec
+from .runtime import BlockDiffusionRunner, dllm_spec
+
+# (runner, blocks [k, block] with the root first, parent branch of each [k]) -> [k, block, vocab]
+Verify = Callable[[BlockDiffusionRunner, torch.Tensor, list[int]], torch.Tensor]
+
+
+def dense_verify(runner: BlockDiffusionRunner, blocks: torch.Tensor,  # [k, block_size]
+                 parents: list[int]) -> torch.Tensor:  # [k, block_size, vocab]
+    """Spiffy's verification: every position of every branch computed in one forward."""
+    return runner.forward(blocks[0, :0], blocks)
+
+
+def branch_parents(graph: DraftGraph, kept: list[int]) -> list[int]:
+    """Parent branch of each scored block: -1 for the root (branch 0); a kept draft's parent is
+    its kept graph parent with the most pairs (the closest state; the earlier branch on ties),
+    or the root at depth 1. `prune` keeps a parent before its child, so parents[i] < i."""
+    out = [-1]
+    for b, k in enumerate(kept, 1):
+        node = graph.nodes[k]
+        earlier = [a for a in range(1, b) if is_parent(graph.nodes[kept[a - 1]], node)]
+        out.append(max(earlier, key=lambda a: (len(graph.nodes[kept[a - 1]].pairs), -a))
+                   if earlier else 0)
+    return out
 
 
 @dataclass
@@ -72,8 +97,9 @@ def prune(graph: DraftGraph, own: dict[int, float], keep: int) -> list[int]:
 @torch.inference_mode()
 def spiffy_generate(model, prompt: list[int], graph: DraftGraph,
                     params: DecodeParams = DecodeParams(), max_new_tokens: int = 128,
-                    keep: int | None = None) -> DLLMResult:
-    """Spiffy decoding; identical output to `decode.generate` with the same params and seed."""
+                    keep: int | None = None, verify: Verify = dense_verify) -> DLLMResult:
+    """Spiffy decoding; identical output to `decode.generate` with the same params and seed
+    (with the default dense `verify`; another verify forward may approximate the drafts)."""
     spec = dllm_spec(model.config)
     graph.check_model(spec.block_size, spec.vocab_size)
     keep = len(graph.nodes) if keep is None else keep
@@ -105,9 +131,10 @@ def spiffy_generate(model, prompt: list[int], graph: DraftGraph,
             ranks = rank_tables(probs, block.decodable(), max_rank)
             built = {k: materialize(n, block.ids, ranks) for k, n in enumerate(graph.nodes)}
             own = {k: v[1] for k, v in built.items() if v is not None}
-            drafts = [(k, built[k][0]) for k in prune(graph, own, keep)]
+            kept = prune(graph, own, keep)
+            drafts = [(k, built[k][0]) for k in kept]
             cands = torch.stack([block.ids] + [d for _, d in drafts])
-            logits = st.runner.forward(block.ids[:0], cands)
+            logits = verify(st.runner, cands, branch_parents(graph, kept))
             continue
         done = st.finish_block(steps)
         if done is not None:

@@ -1,0 +1,66 @@
+"""SpecFold decoding: Spiffy's drafting and acceptance with the folded verify forward.
+
+Drafts, pruning and the acceptance replay are Spiffy's (`spiffy_plugin.spiffy`); only the verify
+forward changes (`fold.folded_forward`). The root is never folded, so the first step of every
+forward is exact; a draft's logits are approximate for delta > 0, so the output can differ from
+Spiffy's (= vanilla decoding's): *agreement* is measured, not assumed. delta = 0 is exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spiffy_plugin.decode import DLLMResult
+from spiffy_plugin.errors import require
+from spiffy_plugin.graph import DraftGraph
+from spiffy_plugin.params import DecodeParams
+from spiffy_plugin.runtime import BlockDiffusionRunner
+from spiffy_plugin.spiffy import spiffy_generate
+
+from .fold import FFN_GATES, GateFn, folded_forward
+from .gate import check_delta, gate
+from .stats import FoldStats
+
+DEFAULT_DELTA = 0.1
+
+
+class FoldedVerify:
+    """A `spiffy_plugin.spiffy.Verify` that folds, accumulating `stats` over its forwards."""
+
+    def __init__(self, delta: float = DEFAULT_DELTA, ffn_gate: str = "own",
+                 gate_fn: GateFn = gate):
+        self.delta = check_delta(delta)
+        require(ffn_gate in FFN_GATES, "ffn_gate", f"must be one of {FFN_GATES}, got "
+                f"{ffn_gate!r}")
+        self.ffn_gate, self.gate_fn = ffn_gate, gate_fn
+        self.stats: FoldStats | None = None
+
+    def __call__(self, runner: BlockDiffusionRunner, blocks: torch.Tensor,  # [k, block_size]
+                 parents: list[int]) -> torch.Tensor:  # [k, block_size, vocab]
+        if self.stats is None:
+            self.stats = FoldStats(len(runner.model.model.layers))
+        return folded_forward(runner, blocks, parents, self.delta, self.stats, self.ffn_gate,
+                              self.gate_fn)
+
+
+@dataclass
+class SpecFoldResult(DLLMResult):
+    fold: FoldStats | None = None  # None when no verification forward had drafts
+
+
+@torch.inference_mode()
+def specfold_generate(model, prompt: list[int], graph: DraftGraph,
+                      params: DecodeParams = DecodeParams(), max_new_tokens: int = 128,
+                      keep: int | None = None, delta: float = DEFAULT_DELTA,
+                      ffn_gate: str = "own") -> SpecFoldResult:
+    """Spiffy decoding with folded verification (bad delta / ffn_gate fail before any work)."""
+    verify = FoldedVerify(delta, ffn_gate)
+    res = spiffy_generate(model, prompt, graph, params, max_new_tokens, keep, verify=verify)
+    return SpecFoldResult(res.tokens, res.nfe, res.steps, res.stop_reason, verify.stats)
+
+
+def token_agreement(a: list[int], b: list[int]) -> tuple[int, int]:
+    """(positions where the two outputs hold the same token, length of the longer)."""
+    return sum(x == y for x, y in zip(a, b)), max(len(a), len(b))
