@@ -31,7 +31,7 @@ def rule_name(params: DecodeParams) -> str:
 
 def _pairs(step_positions, step_tokens, probs, root_decodable, max_rank):
     """Pairs of one later step under P = probs, or None if a rank exceeds max_rank."""
-    conf = probs.max(-1).values.masked_fill(~root_decodable, -1.0)
+    conf = probs.max(-1).values.masked_fill(~root_decodable.to(probs.device), -1.0)
     pos_rank = {p: r for r, p in enumerate(torch.argsort(conf, descending=True, stable=True)
                                            .tolist())}
     out = []

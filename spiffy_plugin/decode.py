@@ -50,6 +50,7 @@ def choose_unmask(
     generator: torch.Generator | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # positions [m] (confidence order), tokens [m]
     conf, best = probs.max(-1)
+    decodable = decodable.to(probs.device)
     sampled = None if params.greedy else torch.multinomial(probs, 1, generator=generator)[:, 0]
     tokens = best if sampled is None else sampled
     conf = conf.masked_fill(~decodable, -1.0)
@@ -60,7 +61,7 @@ def choose_unmask(
     else:
         m = min(params.unmask_per_step, n)
     pos = order[:m]
-    return pos, tokens[pos]
+    return pos.cpu(), tokens[pos].cpu()  # the block's ids live on the host
 
 
 def validate_prompt(prompt: list[int], max_new_tokens: int, spec: DLLMSpec) -> None:

@@ -56,7 +56,7 @@ class Ranks:
 
 
 def rank_tables(probs: torch.Tensor, decodable: torch.Tensor, max_rank: int) -> Ranks:
-    conf = probs.max(-1).values.masked_fill(~decodable, -1.0)
+    conf = probs.max(-1).values.masked_fill(~decodable.to(probs.device), -1.0)
     order = torch.argsort(conf, descending=True, stable=True)
     positions = order[: int(decodable.sum())].tolist()
     top = torch.topk(probs, max_rank, dim=-1)
