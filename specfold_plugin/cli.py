@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from spiffy_plugin.cli import _decode_args, _load, _params
-from spiffy_plugin.errors import ConfigError
+from spiffy_plugin.errors import run_command
 
 from .gate import check_delta
 from .specfold import DEFAULT_DELTA, specfold_generate, token_agreement
@@ -58,12 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="gate the FFN on its own input (default) or reuse the layer's gate")
     g.add_argument("--compare", action="store_true", help="also run Spiffy; print agreement")
     g.set_defaults(func=cmd_generate)
-    args = p.parse_args(argv)
-    try:
-        return args.func(args)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_command(p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError, require
+from .errors import ConfigError, require, run_command
 from .params import DecodeParams
 
 
@@ -121,12 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--model", required=True)
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_convert_sdar)
-    args = p.parse_args(argv)
-    try:
-        return args.func(args)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_command(p.parse_args(argv))
 
 
 if __name__ == "__main__":
