@@ -24,7 +24,7 @@ def cmd_make_data(args) -> int:
     model, tok = load_target(args.target, args.device, DTYPES[args.dtype])
     make_data(model, tok, prompts, args.out, max_new_tokens=args.max_new_tokens,
               temperature=args.temperature, top_p=args.top_p, shard_size=args.shard_size,
-              batch_size=args.batch_size, seed=args.seed)
+              batch_size=args.batch_size, seed=args.seed, fast=args.fast)
     print(f"wrote continuations of {len(prompts)} prompts to {args.out}")
     return 0
 
@@ -64,6 +64,8 @@ def add_parsers(sub, default_device: str) -> None:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--device", default=default_device)
     m.add_argument("--dtype", default="float32")
+    m.add_argument("--fast", action="store_true",
+                   help="greedy generation with the static-cache runtime (CUDA graphs on GPU)")
     m.set_defaults(func=cmd_make_data)
 
     t = sub.add_parser("train", help="train a DFlash drafter (random anchors, decaying weights)")

@@ -181,3 +181,29 @@ def test_packed_attention_modes_train_identically(tiny_data, tmp_path):
             for mode in ("expand", "dense")]
     torch.testing.assert_close(torch.tensor(runs[0]["loss_history"]),
                                torch.tensor(runs[1]["loss_history"]), rtol=1e-4, atol=1e-5)
+
+
+def test_make_data_fast_runtime_equals_hf_generate(tmp_path):
+    """`make-data --fast` (static-cache runtime) writes exactly the shards HF `generate` writes:
+    ragged prompts, several batches, a last batch smaller than the decoder's batch."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dflash_plugin.training.data import make_data
+
+    fix = Path(__file__).resolve().parents[2] / "examples/fixtures/code-target"
+    tok = AutoTokenizer.from_pretrained(fix)
+    model = AutoModelForCausalLM.from_pretrained(fix, dtype=torch.float32).eval()
+    prompts = ["import os\n", "def add(a, b):\n    return", "class Stack:\n    def __init__(self",
+               "for i in range(10):\n", "x = [1, 2"]
+    out = {}
+    for fast in (False, True):
+        folder = make_data(model, tok, prompts, tmp_path / str(fast), max_new_tokens=20,
+                           shard_size=4, batch_size=3, fast=fast)
+        out[fast] = [torch.load(f) for f in sorted(folder.glob("shard-*.pt"))]
+    assert len(out[True]) == len(out[False]) == 2
+    for a, b in zip(out[False], out[True]):
+        assert torch.equal(a["tokens"], b["tokens"]) and torch.equal(a["offsets"], b["offsets"])
+    with pytest.raises(ConfigError, match="fast"):
+        make_data(model, tok, prompts, tmp_path / "t1", temperature=1.0, fast=True)
