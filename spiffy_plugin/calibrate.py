@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from .decode import choose_unmask, start_decoding, step_distribution
 from .errors import require
-from .graph import SELECTIONS, DraftGraph, Node, select_by_depth, select_graph
+from .graph import DraftGraph, Node, check_selection, select_by_depth, select_graph
 from .params import DecodeParams
 from .runtime import dllm_spec
 
@@ -103,8 +103,7 @@ def calibration_chains(model, prompts: list[list[int]], params: DecodeParams = D
 
 def graph_from_chains(chains: list[list[Node]], budget: int, spec, rule: str,
                       selection: str = "expected-depth") -> DraftGraph:
-    require(selection in SELECTIONS, "selection", f"must be one of {SELECTIONS}, got "
-            f"{selection!r}")
+    check_selection(selection)
     counts = Counter(n for chain in chains for n in chain)
     chosen = select_by_depth(chains, budget) if selection == "expected-depth" else \
         select_graph(dict(counts), budget)
@@ -116,8 +115,7 @@ def calibrate(model, prompts: list[list[int]], budget: int, params: DecodeParams
               max_new_tokens: int = 128, max_depth: int = 6, max_rank: int = 4,
               selection: str = "expected-depth") -> DraftGraph:
     require(budget >= 1, "budget", f"must be >= 1, got {budget}")
-    require(selection in SELECTIONS, "selection", f"must be one of {SELECTIONS}, got "
-            f"{selection!r}")
+    check_selection(selection)
     spec = dllm_spec(model.config)
     chains = calibration_chains(model, prompts, params, max_new_tokens, max_depth, max_rank)
     return graph_from_chains(chains, budget, spec, rule_name(params), selection)

@@ -93,6 +93,11 @@ def select_by_depth(chains: list[list[Node]], budget: int) -> list[Node]:
 SELECTIONS = ("expected-depth", "accumulated-frequency")
 
 
+def check_selection(selection: str) -> None:
+    require(selection in SELECTIONS, "selection", f"must be one of {SELECTIONS}, got "
+            f"{selection!r}")
+
+
 @dataclass(frozen=True)
 class DraftGraph:
     nodes: tuple[Node, ...]

@@ -15,6 +15,7 @@ import torch
 from torch.nn import functional as F
 
 from ..errors import require
+from ..layers import rms_norm
 from .cache import StaticKVCache
 
 
@@ -129,13 +130,6 @@ def random_target(s: Shape, dtype, device, seed: int = 0) -> TargetWeights:
     head = (torch.randn(s.vocab, s.hidden, generator=gen, device=device) * 0.02).to(dtype)
     return TargetWeights(s, embed, head, torch.ones(s.hidden, dtype=dtype, device=device),
                          [random_layer(s, dtype, device, gen) for _ in range(s.layers)])
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [..., dim]
-    """Same math as HF Qwen3RMSNorm: fp32 normalisation, cast back, then scale."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
 
 
 def apply_rope(
