@@ -119,7 +119,7 @@ def make_data(model, tokenizer, prompts: list[str], out_dir: str | Path, *,
     require(not fast or temperature == 0, "fast", "the fast runtime generates greedily only; "
             "use temperature 0 or drop --fast")
     require(len(prompts) > 0, "prompts", "no prompts given")
-    generate = _fast_generator(model, batch_size, max_prompt_tokens + max_new_tokens) if fast \
+    generate = _fast_generator(model, batch_size, max_prompt_tokens + max_new_tokens + 1) if fast \
         else _generate
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
