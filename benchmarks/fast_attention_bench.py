@@ -98,16 +98,17 @@ def check_logits(tw, dw, device, attentions) -> dict:
     block = torch.randint(4, tw.shape.vocab, (4, 15), generator=gen).to(device)
     out = {}
     for a in attentions:
-        dec = FastDecoder(tw, dw, 4, 64, device, max_block=16, graphs=False, attention=a)
+        # max_len 256 as in the identity check: the kernel specializes on it (page size)
+        dec = FastDecoder(tw, dw, 4, 256, device, max_block=16, graphs=False, attention=a)
         dec.prefill(prompts, 8)
         dec.draft_ids.copy_(block)
         dec._verify(16)
-        hn_ids = dec.target_ids.clone()
+        tids = dec.target_ids.clone()
         pos = dec.tcache.lengths[:, None] + torch.arange(16, device=device)
         ids = torch.cat([dec.anchor[:, None], block], 1)
         hn, _ = target_forward(tw, dec.tcache, dec.trope, ids, pos, pos + 1, (), a)
         dec._draft(16)
-        out[a] = (torch.nn.functional.linear(hn, tw.lm_head).float(), hn_ids,
+        out[a] = (torch.nn.functional.linear(hn, tw.lm_head).float(), tids,
                   dec.draft_ids.clone())
     ref = out["sdpa"]
     res = {}
@@ -143,8 +144,9 @@ def fixture_pair(device, dtype, batch, max_len):
     drafter = load_drafter(FIX / "code-target-dflash-b16", device, dtype)
     tw = target_weights(model)
     dw = draft_weights(drafter, tw.embed.dtype)
-    prompts = [tok(p).input_ids[:max_len // 2] for p in load_prompts_jsonl(
-        FIX / "dev-prompts.jsonl")[:batch]]
+    texts = load_prompts_jsonl(FIX / "dev-prompts.jsonl")[:batch]
+    prompts = [tok(p).input_ids[:(i + 2) * max_len // (2 * batch + 2)]  # ragged rows
+               for i, p in enumerate(texts)]
     return (lambda a: FastDecoder(tw, dw, batch, max_len, device, max_block=16, attention=a)), \
         prompts
 
@@ -212,7 +214,7 @@ def main() -> None:
     p.add_argument("--attentions", nargs="+", default=["sdpa", "triton"],
                    choices=["sdpa", "triton"])
     p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--budget-s", type=float, default=150.0,
+    p.add_argument("--budget-s", type=float, default=120.0,
                    help="start no new variant after this many seconds (the rest is 'skipped')")
     p.add_argument("--skip-checks", action="store_true")
     args = p.parse_args()
@@ -258,8 +260,7 @@ def main() -> None:
                 make = lambda a: FastDecoder(tw, dw, 3, 48, device, attention=a)  # noqa: E731
                 runs = [("tiny fp32", make, ps, 12)]
             else:
-                runs = [(f"fixture {dt}", *fixture_pair(device, dt, 4, 256), 64)
-                        for dt in (torch.float32, torch.bfloat16)]
+                runs = [("fixture fp32", *fixture_pair(device, torch.float32, 4, 256), 64)]
             for name, make, ps, n in runs:
                 R["checks"][f"generate {name}"] = c = check_identity(make, args.attentions, ps,
                                                                      n, 16)
