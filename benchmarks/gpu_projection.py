@@ -40,17 +40,19 @@ def step_times(dec: FastDecoder, qs: list[int], iters: int = 50) -> dict:
 
 @torch.inference_mode()
 def project_8b(taus: dict[str, float], ctx: int = 1024, draft_layers: int = 5,
-               device: str = "cuda", iters: int = 50, shape: Shape = QWEN3_8B) -> dict:
+               device: str = "cuda", iters: int = 50, shape: Shape = QWEN3_8B,
+               attention: str = "sdpa") -> dict:
     dtype = torch.bfloat16
     tw = random_target(shape, dtype, device)
     dshape = Shape(shape.hidden, draft_layers, shape.heads, shape.kv_heads, shape.head_dim,
                    shape.intermediate, shape.vocab, theta=shape.theta)
     ids = tuple(build_target_layer_ids(shape.layers, draft_layers))
     dw = random_drafter(dshape, shape.hidden, ids, dtype, device)
-    res = {"shape": shape.__dict__, "draft_layers": draft_layers, "context": ctx}
+    res = {"shape": shape.__dict__, "draft_layers": draft_layers, "context": ctx,
+           "attention": attention}
     times = {}
     for name, drafter, qs in (("ar", None, [1]), ("dflash", dw, [8, 16])):
-        dec = FastDecoder(tw, drafter, 1, ctx + 64, device, max_block=16)
+        dec = FastDecoder(tw, drafter, 1, ctx + 64, device, max_block=16, attention=attention)
         dec.tcache.reset(torch.tensor([ctx], device=device))
         times[name] = step_times(dec, qs, iters)
         del dec
@@ -74,8 +76,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--tau", type=float, default=3.2)
     p.add_argument("--ctx", type=int, default=1024)
+    p.add_argument("--attention", default="sdpa", choices=["sdpa", "triton"])
     args = p.parse_args()
-    print(json.dumps(project_8b({"dflash B16": args.tau}, args.ctx), indent=1, default=str))
+    print(json.dumps(project_8b({"dflash B16": args.tau}, args.ctx, attention=args.attention),
+                     indent=1, default=str))
 
 
 if __name__ == "__main__":

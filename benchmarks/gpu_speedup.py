@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_speedup.py --out out/gpu-speedup            # ~3-5 min on an H200
     python benchmarks/gpu_speedup.py --out out/gpu-quick --quick      # smoke run
+    (--attention triton: our runtime's steps use the `kernels` Triton attention instead of SDPA)
 Rows (greedy, EOS ignored so every request makes exactly --max-new-tokens tokens, bf16):
 HF `generate`; plain AR, prompt lookup and DFlash (B = 8, 16) in our fast runtime (static caches
 + CUDA graphs) at batch 1/4/16/32; the z-lab `dflash` package loop (PyPI dflash 0.1.0) on the same
@@ -151,6 +152,8 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cpu: a slow fp32 smoke test of the script")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile our elementwise ops (fast.qwen3.compile_pointwise)")
+    p.add_argument("--attention", default="sdpa", choices=["sdpa", "triton"],
+                   help="attention backend of our runtime's steps (fast/attention.py)")
     args = p.parse_args()
     if args.compile:
         compile_pointwise()
@@ -190,7 +193,7 @@ def main() -> None:
         key = (kind, batch)
         if key not in decs:
             decs[key] = build_decoder(model, drafter if kind == "dflash" else None, batch=batch,
-                                      max_len=max_len, max_block=16)
+                                      max_len=max_len, max_block=16, attention=args.attention)
         return decs[key]
 
     # --- our runtime: AR, n-gram, DFlash at every batch size ---
@@ -298,7 +301,7 @@ def main() -> None:
         ps, n = prompts[:4], 64
         ref = speculative_generate(m32, DFlashProposer(d32), ps, block_size=16,
                                    max_new_tokens=n, fast=False)
-        dec = build_decoder(m32, d32, batch=4, max_len=width + n + 16)
+        dec = build_decoder(m32, d32, batch=4, max_len=width + n + 16, attention=args.attention)
         fast = fast_generate(dec, ps, block_size=16, max_new_tokens=n)
         hf_out = [m32.generate(torch.tensor([x], device=DEVICE), do_sample=False,
                                max_new_tokens=n, min_new_tokens=n, pad_token_id=0)[0, len(x):]
@@ -348,7 +351,7 @@ def main() -> None:
         decs.clear()
         taus = {f"dflash B{r['block']}": r["tau"] for r in R["rows"]
                 if r["row"] == "ours DFlash" and r["batch"] == 1}
-        R["projection_8b"] = project_8b(taus or {"dflash B16": 3.0})
+        R["projection_8b"] = project_8b(taus or {"dflash B16": 3.0}, attention=args.attention)
         print("  8B:", json.dumps(R["projection_8b"]["projection"]),
               R["projection_8b"]["verify_ms"], R["projection_8b"]["draft_ms"])
     if not args.skip_8b and DEVICE == "cuda":

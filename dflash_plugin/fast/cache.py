@@ -64,23 +64,6 @@ class StaticKVCache:
         self.lengths.copy_(lengths)
 
 
-def causal_mask(
-    slots: torch.Tensor,  # [max_len]
-    positions: torch.Tensor,  # [batch, q] absolute positions of the queries
-) -> torch.Tensor:  # [batch, 1, q, max_len] bool, True = visible
-    """Target attention: each query sees every slot up to its own position."""
-    return slots[None, None, None, :] <= positions[:, None, :, None]
-
-
-def block_mask(
-    slots: torch.Tensor,  # [max_len]
-    lengths: torch.Tensor,  # [batch] committed tokens (= the block's first position)
-    q: int,
-) -> torch.Tensor:  # [batch, 1, 1, max_len] bool, broadcast over the block's queries
-    """Drafter attention: the committed context plus the whole block (bidirectional)."""
-    return slots[None, None, None, :] < (lengths + q)[:, None, None, None]
-
-
 def rope_table(max_len: int, head_dim: int, theta: float, dtype: torch.dtype,
                device) -> tuple[torch.Tensor, torch.Tensor]:  # [max_len, head_dim] each
     """Default RoPE (rotate-half): cos and *signed* sin (first half negated, so rotate_half is a

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from .cache import StaticKVCache, block_mask
+from .attention import plan
+from .cache import StaticKVCache
 from .qwen3 import (
     LayerWeights,
     Shape,
@@ -102,15 +103,17 @@ def draft_block(
     lm_head: torch.Tensor,  # [vocab, target_hidden] the target's LM head
     anchor: torch.Tensor,  # [batch] long
     q: int,  # block length (anchor + q - 1 masks)
+    attention: str = "sdpa",  # `attention.BACKENDS`
 ) -> torch.Tensor:  # [batch, q - 1] greedy draft ids
     s = dw.shape
     b = anchor.shape[0]
     ids = torch.cat([anchor[:, None], anchor.new_full((b, q - 1), dw.mask_id)], dim=1)
     positions = cache.lengths[:, None] + torch.arange(q, device=anchor.device)
     rope = rope_at(rope_tab, positions)
-    mask = block_mask(cache.slots, cache.lengths, q)
+    # the committed context plus the whole block (bidirectional): one visible length per row
+    attn = plan(attention, (cache.lengths + q)[:, None], cache.slots, s.heads // s.kv_heads)
     h = F.embedding(ids, embed).to(dw.fc.dtype)
     for i, lw in enumerate(dw.layers):
-        h = layer_forward(lw, s, h, rope, cache, i, positions, mask)
+        h = layer_forward(lw, s, h, rope, cache, i, positions, attn)
     h = rms_norm(h[:, 1:], dw.norm, s.eps)
     return F.linear(h.to(lm_head.dtype), lm_head).argmax(-1)

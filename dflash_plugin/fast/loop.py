@@ -19,7 +19,8 @@ from ..errors import require
 from ..generate import GenerationResult
 from ..metrics import AggregateMetrics, RequestMetrics
 from ..ngram import ngram_lookup
-from .cache import StaticKVCache, causal_mask, rope_table
+from .attention import check_backend
+from .cache import StaticKVCache, rope_table
 from .drafter import DraftWeights, context_write, draft_block
 from .graphs import StepGraphs
 from .qwen3 import TargetWeights, target_forward
@@ -30,8 +31,11 @@ AHEAD_CAP = 32  # rounds issued without reading the state back
 
 class FastDecoder:
     def __init__(self, target: TargetWeights, drafter: DraftWeights | None, batch: int,
-                 max_len: int, device, max_block: int = 16, graphs: bool = True):
+                 max_len: int, device, max_block: int = 16, graphs: bool = True,
+                 attention: str = "sdpa"):
         device = torch.device(device)
+        check_backend(attention, device)
+        self.attention = attention  # decode/verify/draft steps; prefill always uses SDPA
         s = target.shape
         max_len = -(-max_len // 64) * 64  # aligned slots for the fused attention kernels
         dtype = target.embed.dtype
@@ -64,14 +68,14 @@ class FastDecoder:
     # ---- steps (static shapes for a given q; no host sync) ----
     def _draft(self, q: int) -> None:
         ids = draft_block(self.drafter, self.dcache, self.drope, self.target.embed,
-                          self.target.lm_head, self.anchor, q)
+                          self.target.lm_head, self.anchor, q, self.attention)
         self.draft_ids[:, :q - 1].copy_(ids)
 
     def _verify(self, q: int) -> None:
         block = torch.cat([self.anchor[:, None], self.draft_ids[:, :q - 1]], dim=1)
         positions = self.tcache.lengths[:, None] + torch.arange(q, device=self.device)
         hn, feats = target_forward(self.target, self.tcache, self.trope, block, positions,
-                                   causal_mask(self.tcache.slots, positions), self.layer_ids)
+                                   positions + 1, self.layer_ids, self.attention)
         self.target_ids[:, :q].copy_(torch.nn.functional.linear(hn, self.target.lm_head)
                                      .argmax(-1))
         if self.drafter is not None:
@@ -120,8 +124,8 @@ class FastDecoder:
         ids = ids.to(dev)
         lens = torch.tensor([len(p) for p in rows], device=dev)
         pos = torch.arange(width, device=dev)[None].expand(b, width)
-        hn, feats = target_forward(self.target, self.tcache, self.trope, ids, pos,
-                                   causal_mask(self.tcache.slots, pos), self.layer_ids)
+        hn, feats = target_forward(self.target, self.tcache, self.trope, ids, pos, pos + 1,
+                                   self.layer_ids)  # SDPA: one long causal pass, not graphed
         last = hn.gather(1, (lens - 1)[:, None, None].expand(b, 1, hn.shape[-1]))[:, 0]
         first = torch.nn.functional.linear(last, self.target.lm_head).argmax(-1)
         if self.drafter is not None:

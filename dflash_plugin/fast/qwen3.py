@@ -2,9 +2,10 @@
 
 Weights are pulled from a Hugging Face Qwen3 module (or made random at a given shape) into fused
 matrices: one QKV and one gate/up matmul per layer. `layer_forward` writes the layer's new K/V at
-the tokens' positions, then attends over the whole static cache under a boolean mask. *Features*
-are the outputs of the decoder layers in `feature_layers` (HF `hidden_states[id + 1]`: the last
-layer's is taken after the final norm, as HF reports it).
+the tokens' positions, then attends over the static cache (`attention.py`: SDPA or the Triton
+kernel, under a visible length per query). *Features* are the outputs of the decoder layers in
+`feature_layers` (HF `hidden_states[id + 1]`: the last layer's is taken after the final norm, as
+HF reports it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch.nn import functional as F
 
 from ..errors import require
 from ..layers import rms_norm
+from .attention import AttnPlan, attend, plan
 from .cache import StaticKVCache
 
 
@@ -174,28 +176,6 @@ def rope_at(rope_tab, positions: torch.Tensor):  # positions [batch, q]
     return rope_tab[0][positions][:, :, None], rope_tab[1][positions][:, :, None]
 
 
-def group_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
-    """[batch, 1, s, L] -> [batch, 1, groups * s, L] to match `attend`'s query rows."""
-    if mask.shape[2] == 1 or groups == 1:
-        return mask
-    b, _, s, n = mask.shape
-    return mask[:, :, None].expand(b, 1, groups, s, n).reshape(b, 1, groups * s, n)
-
-
-def attend(
-    q: torch.Tensor,  # [batch, heads, s, head_dim]
-    k: torch.Tensor,  # [batch, kv_heads, max_len, head_dim] (a static cache layer)
-    v: torch.Tensor,
-    mask: torch.Tensor,  # [batch, 1, groups * s or 1, max_len] bool (`group_mask`)
-) -> torch.Tensor:  # [batch, s, heads * head_dim]
-    """GQA without copying the cache: the query heads of one KV group become extra query rows."""
-    b, h, s, d = q.shape
-    g = h // k.shape[1]
-    qg = q.reshape(b, k.shape[1], g * s, d)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=d ** -0.5)
-    return out.reshape(b, h, s, d).transpose(1, 2).reshape(b, s, h * d)
-
-
 def layer_forward(
     lw: LayerWeights,
     s: Shape,
@@ -204,7 +184,7 @@ def layer_forward(
     cache: StaticKVCache,
     layer: int,
     positions: torch.Tensor,  # [batch, q] long
-    mask: torch.Tensor,  # [batch, 1, groups * q or 1, max_len] bool (`group_mask`)
+    attn: AttnPlan,  # the forward's attention inputs (`attention.plan`)
 ) -> torch.Tensor:  # [batch, q, hidden]
     b, n, _ = h.shape
     qkv = F.linear(_ops["rms_norm"](h, lw.ln1, s.eps), lw.wqkv).view(b, n, -1, s.head_dim)
@@ -212,7 +192,7 @@ def layer_forward(
     q = qk[:, :, :s.heads].transpose(1, 2)
     k = qk[:, :, s.heads:].transpose(1, 2)
     cache.write(layer, k, qkv[:, :, s.heads + s.kv_heads:].transpose(1, 2), positions)
-    h, x = _ops["add_norm"](h, F.linear(attend(q, cache.k[layer], cache.v[layer], mask), lw.wo),
+    h, x = _ops["add_norm"](h, F.linear(attend(attn, q, cache.k[layer], cache.v[layer]), lw.wo),
                             lw.ln2, s.eps)
     return h + F.linear(_ops["swiglu"](F.linear(x, lw.w_gate_up)), lw.w_down)
 
@@ -223,17 +203,18 @@ def target_forward(
     rope_tab: tuple[torch.Tensor, torch.Tensor],  # cos, sin [max_len, head_dim]
     ids: torch.Tensor,  # [batch, q]
     positions: torch.Tensor,  # [batch, q] long
-    mask: torch.Tensor,  # [batch, 1, q, max_len] bool
+    visible: torch.Tensor,  # [batch, q] long: query i sees slots < visible[:, i] (positions + 1)
     feature_layers: tuple[int, ...] = (),
+    attention: str = "sdpa",  # `attention.BACKENDS`
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # final-normed hidden [batch, q, hidden], feats
     """One forward over q new tokens per row; their K/V land in `cache` at `positions`."""
     s = w.shape
     rope = rope_at(rope_tab, positions)
-    mask = group_mask(mask, s.heads // s.kv_heads)
+    attn = plan(attention, visible, cache.slots, s.heads // s.kv_heads)
     h = F.embedding(ids, w.embed)
     picked: dict[int, torch.Tensor] = {}
     for i, lw in enumerate(w.layers):
-        h = layer_forward(lw, s, h, rope, cache, i, positions, mask)
+        h = layer_forward(lw, s, h, rope, cache, i, positions, attn)
         if i in feature_layers:
             picked[i] = h
     hn = rms_norm(h, w.norm, s.eps)

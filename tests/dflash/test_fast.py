@@ -7,7 +7,8 @@ import torch
 
 from dflash_plugin.errors import ConfigError
 from dflash_plugin.fast import build_decoder, fast_generate, supports
-from dflash_plugin.fast.cache import StaticKVCache, causal_mask
+from dflash_plugin.fast.attention import plan
+from dflash_plugin.fast.cache import StaticKVCache
 from dflash_plugin.fast.drafter import context_write, draft_block
 from dflash_plugin.fast.qwen3 import target_forward
 from dflash_plugin.generate import speculative_generate
@@ -35,7 +36,7 @@ def test_cache_write_crop_commit():
     assert c.lengths.tolist() == [1, 7]
     c.commit(torch.tensor([2, 0]))
     assert c.lengths.tolist() == [3, 7]
-    m = causal_mask(c.slots, torch.tensor([[2], [5]]))
+    m = plan("sdpa", torch.tensor([[2], [5]]) + 1, c.slots, 1).mask  # causal: positions + 1
     assert m[0, 0, 0].tolist() == [True] * 3 + [False] * 5 and m[1, 0, 0, :6].all()
 
 
@@ -48,16 +49,15 @@ def test_forward_matches_hf_across_ragged_prefill_append_and_crop(pair):
     prompts = [[5, 17, 29, 41, 7], [9, 8]]
     ids = torch.tensor([prompts[0], prompts[1] + [0, 0, 0]])
     pos = torch.arange(5)[None].expand(2, 5)
-    hn, _ = target_forward(dec.target, dec.tcache, dec.trope, ids, pos,
-                           causal_mask(dec.tcache.slots, pos), layer_ids)
+    hn, _ = target_forward(dec.target, dec.tcache, dec.trope, ids, pos, pos + 1, layer_ids)
     dec.tcache.reset(torch.tensor([5, 2]))
     seqs = [list(p) for p in prompts]
     gen = torch.Generator().manual_seed(0)
     for keep in ([2, 4], [3, 1]):  # tokens committed of each 4-token block
         block = torch.randint(4, 97, (2, 4), generator=gen)
         pos = dec.tcache.lengths[:, None] + torch.arange(4)
-        hn, feats = target_forward(dec.target, dec.tcache, dec.trope, block, pos,
-                                   causal_mask(dec.tcache.slots, pos), layer_ids)
+        hn, feats = target_forward(dec.target, dec.tcache, dec.trope, block, pos, pos + 1,
+                                   layer_ids)
         logits = torch.nn.functional.linear(hn, dec.target.lm_head)
         for r in range(2):
             full = torch.tensor([seqs[r] + block[r].tolist()])
@@ -145,17 +145,27 @@ def test_unsupported_and_bad_input(pair, llama_target):
     dec = build_decoder(target, drafter, batch=1, max_len=16, graphs=False)
     with pytest.raises(ConfigError, match="max_new_tokens"):
         fast_generate(dec, [[5, 6, 7]], block_size=8, max_new_tokens=60)
+    with pytest.raises(ConfigError, match="attention.*one of"):
+        build_decoder(target, drafter, batch=1, max_len=16, attention="flash")
+
+
+def test_triton_attention_needs_cuda_or_the_interpreter(pair, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ConfigError, match="attention: 'triton' needs a CUDA device"):
+        build_decoder(pair[0], None, batch=1, max_len=16, attention="triton")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_graphs_match_eager_and_cpu(pair):
+@pytest.mark.parametrize("attention", ["sdpa", "triton"])
+def test_cuda_graphs_match_eager_and_cpu(pair, attention):
     target, drafter = pair
     expected = greedy_reference(target, PROMPTS, 40)
     tgt, drf = tiny_target().cuda(), drafter.to("cuda")
     try:
         for graphs in (False, True):
-            dec = build_decoder(tgt, drf, batch=4, max_len=64, graphs=graphs)
+            dec = build_decoder(tgt, drf, batch=4, max_len=64, graphs=graphs,
+                                attention=attention)
             res = fast_generate(dec, PROMPTS, block_size=8, max_new_tokens=40, profile=True)
             assert res.tokens == expected
             res = fast_generate(dec, PROMPTS, block_size=8, max_new_tokens=40)  # replays
@@ -163,7 +173,7 @@ def test_cuda_graphs_match_eager_and_cpu(pair):
         auto = speculative_generate(tgt, DFlashProposer(drf), PROMPTS, block_size=8,
                                     max_new_tokens=40)  # CUDA: the fast path by default
         assert auto.tokens == expected
-        plain = build_decoder(tgt, None, batch=4, max_len=64)
+        plain = build_decoder(tgt, None, batch=4, max_len=64, attention=attention)
         for proposer in ("ar", "ngram"):
             res = fast_generate(plain, PROMPTS, block_size=8, max_new_tokens=40,
                                 proposer=proposer)

@@ -1,0 +1,91 @@
+"""Attention backends of the fast runtime over one static cache layer.
+
+*Visible length*: query i of row r sees the cache slots [0, visible[r, i]) of its row. The
+target's causal mask (visible = position + 1) and the drafter's block mask (visible = length + q
+for every query of the block) both take this form; a forward writes its own K/V before attending.
+Backends: "sdpa" (torch SDPA under a boolean mask over all max_len slots) and "triton"
+(`kernels.branch_attention`, which streams only the visible slots: the cache layer [batch,
+kv_heads, max_len, dim] is viewed as one page of max_len slots per row, block_table[r] = [r]).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from ..errors import ConfigError, require
+
+BACKENDS = ("sdpa", "triton")
+
+
+def check_backend(attention: str, device: torch.device) -> None:
+    """Fail early on an unknown backend, or "triton" where no Triton kernel can run."""
+    require(attention in BACKENDS, "attention", f"must be one of {BACKENDS}, got {attention!r}")
+    if attention == "triton":
+        require(device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1", "attention",
+                f"'triton' needs a CUDA device (or TRITON_INTERPRET=1 on CPU), got {device}")
+        try:
+            import kernels.attention  # noqa: F401
+        except ImportError as err:
+            raise ConfigError("attention", f"'triton' needs Triton and `kernels`: {err}") from None
+
+
+@dataclass
+class AttnPlan:
+    """What every layer of one forward shares (built once per forward by `plan`)."""
+    backend: str
+    mask: torch.Tensor | None = None  # sdpa: [batch, 1, groups * q or 1, max_len] bool
+    visible: torch.Tensor | None = None  # triton: [batch, q] int32; None = one length per row
+    lengths: torch.Tensor | None = None  # triton: [batch] int32, slots any query of a row sees
+    table: torch.Tensor | None = None  # triton: [batch, 1] int32 block table (row r -> page r)
+    splits: int | None = None  # triton: split-K (None = the kernel's auto choice)
+
+
+def group_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
+    """[batch, 1, s, L] -> [batch, 1, groups * s, L] to match `attend`'s query rows."""
+    if mask.shape[2] == 1 or groups == 1:
+        return mask
+    b, _, s, n = mask.shape
+    return mask[:, :, None].expand(b, 1, groups, s, n).reshape(b, 1, groups * s, n)
+
+
+def plan(
+    backend: str,
+    visible: torch.Tensor,  # [batch, q or 1] long: query i sees slots < visible[:, i]
+    slots: torch.Tensor,  # [max_len] (`StaticKVCache.slots`)
+    groups: int,  # query heads per KV head
+    splits: int | None = None,
+) -> AttnPlan:
+    if backend == "sdpa":
+        mask = slots[None, None, None, :] < visible[:, None, :, None]  # [batch, 1, q|1, L]
+        return AttnPlan(backend, mask=group_mask(mask, groups))
+    vis = visible.to(torch.int32)
+    table = torch.arange(vis.shape[0], device=vis.device, dtype=torch.int32)[:, None]
+    return AttnPlan(backend, visible=vis.contiguous() if vis.shape[1] > 1 else None,
+                    lengths=vis.amax(-1), table=table, splits=splits)
+
+
+def attend(
+    p: AttnPlan,
+    q: torch.Tensor,  # [batch, heads, s, head_dim]
+    k: torch.Tensor,  # [batch, kv_heads, max_len, head_dim] (a static cache layer)
+    v: torch.Tensor,
+) -> torch.Tensor:  # [batch, s, heads * head_dim]
+    b, h, s, d = q.shape
+    if p.backend == "sdpa":  # GQA without copying the cache: a group's heads become query rows
+        g = h // k.shape[1]
+        qg = q.reshape(b, k.shape[1], g * s, d)
+        out = F.scaled_dot_product_attention(qg, k, v, attn_mask=p.mask, scale=d ** -0.5)
+        return out.reshape(b, h, s, d).transpose(1, 2).reshape(b, s, h * d)
+    from kernels.attention import branch_attention
+
+    qs = q.transpose(1, 2)  # [batch, s, heads, d] (a view)
+    # per-query lengths: each query is a branch of length 1; else one branch of s queries
+    q5 = qs[:, :, None] if p.visible is not None else qs[:, None]
+    out = branch_attention(q5, k.transpose(1, 2), v.transpose(1, 2), p.table, p.lengths,
+                           prefix_visible=p.visible, scale=d ** -0.5, validate=False,
+                           num_splits=p.splits)
+    return out.reshape(b, s, h * d)
