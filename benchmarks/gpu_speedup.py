@@ -152,7 +152,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cpu: a slow fp32 smoke test of the script")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile our elementwise ops (fast.qwen3.compile_pointwise)")
-    p.add_argument("--attention", default="sdpa", choices=["sdpa", "triton"],
+    p.add_argument("--attention", default="auto", choices=["auto", "sdpa", "triton"],
                    help="attention backend of our runtime's steps (fast/attention.py)")
     args = p.parse_args()
     if args.compile:

@@ -17,9 +17,10 @@ __all__ = ["FastDecoder", "build_decoder", "fast_generate", "supports"]
 
 def build_decoder(target, drafter=None, *, batch: int, max_len: int, max_block: int = 16,
                   graphs: bool = True, dtype: torch.dtype | None = None,
-                  attention: str = "sdpa") -> FastDecoder:
+                  attention: str = "auto") -> FastDecoder:
     """A decoder for an HF Qwen3 `target` and an optional `DFlashDraftModel`; `attention` is
-    the backend of the decode/verify/draft steps: "sdpa" (torch) or "triton" (`kernels`)."""
+    the backend of the decode/verify/draft steps: "sdpa" (torch), "triton" (`kernels`) or
+    "auto" (triton on CUDA, sdpa elsewhere)."""
     tw = target_weights(target, dtype)
     dw = draft_weights(drafter, tw.embed.dtype) if drafter is not None else None
     return FastDecoder(tw, dw, batch, max_len, tw.embed.device, max_block, graphs, attention)

@@ -21,6 +21,20 @@ from ..errors import ConfigError, require
 BACKENDS = ("sdpa", "triton")
 
 
+def resolve_backend(attention: str, device: torch.device) -> str:
+    """"auto" -> "triton" on CUDA when Triton imports (it was faster than SDPA at every shape of
+    benchmarks/fast_attention_bench.py on the H200), else "sdpa"; other names pass through."""
+    if attention != "auto":
+        return attention
+    if device.type != "cuda":
+        return "sdpa"
+    try:
+        import kernels.attention  # noqa: F401
+    except ImportError:
+        return "sdpa"
+    return "triton"
+
+
 def check_backend(attention: str, device: torch.device) -> None:
     """Fail early on an unknown backend, or "triton" where no Triton kernel can run."""
     require(attention in BACKENDS, "attention", f"must be one of {BACKENDS}, got {attention!r}")

@@ -19,7 +19,7 @@ from ..errors import require
 from ..generate import GenerationResult
 from ..metrics import AggregateMetrics, RequestMetrics
 from ..ngram import ngram_lookup
-from .attention import check_backend
+from .attention import check_backend, resolve_backend
 from .cache import StaticKVCache, rope_table
 from .drafter import DraftWeights, context_write, draft_block
 from .graphs import StepGraphs
@@ -32,8 +32,9 @@ AHEAD_CAP = 32  # rounds issued without reading the state back
 class FastDecoder:
     def __init__(self, target: TargetWeights, drafter: DraftWeights | None, batch: int,
                  max_len: int, device, max_block: int = 16, graphs: bool = True,
-                 attention: str = "sdpa"):
+                 attention: str = "auto"):
         device = torch.device(device)
+        attention = resolve_backend(attention, device)
         check_backend(attention, device)
         self.attention = attention  # decode/verify/draft steps; prefill always uses SDPA
         s = target.shape

@@ -7,7 +7,7 @@ import torch
 
 from dflash_plugin.errors import ConfigError
 from dflash_plugin.fast import build_decoder, fast_generate, supports
-from dflash_plugin.fast.attention import plan
+from dflash_plugin.fast.attention import plan, resolve_backend
 from dflash_plugin.fast.cache import StaticKVCache
 from dflash_plugin.fast.drafter import context_write, draft_block
 from dflash_plugin.fast.qwen3 import target_forward
@@ -153,6 +153,10 @@ def test_triton_attention_needs_cuda_or_the_interpreter(pair, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ConfigError, match="attention: 'triton' needs a CUDA device"):
         build_decoder(pair[0], None, batch=1, max_len=16, attention="triton")
+    # "auto" (the default) picks SDPA off CUDA and passes explicit names through
+    assert build_decoder(pair[0], None, batch=1, max_len=16, graphs=False).attention == "sdpa"
+    assert resolve_backend("auto", torch.device("cpu")) == "sdpa"
+    assert resolve_backend("triton", torch.device("cpu")) == "triton"
 
 
 @pytest.mark.gpu
