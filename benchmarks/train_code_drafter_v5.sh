@@ -5,6 +5,8 @@
 # (T = 1, `generate`), then a 3-layer drafter initialised from the target's top layers trains for
 # TRAIN_MINUTES; tau at B = 16 / 8 and T = 0 / 1 for it and for prompt lookup. Run from the root:
 #   WORK=/tmp/dflash-train OUT=/tmp/out bash benchmarks/train_code_drafter_v5.sh
+# Pass 5 ran with the defaults. A longer run inside the budget, e.g. TRAIN_MINUTES=14 PER_FILE=8
+# GREEDY_SECONDS=300 T1_SHARD=1024 (sampled shards small enough to finish in T1_SECONDS).
 # CPU smoke run of the plumbing (minutes, meaningless numbers):
 #   DEVICE=cpu DTYPE=float32 MAX_PROMPTS=48 GREEDY_SECONDS=120 T1_PROMPTS=16 TRAIN_MINUTES=0.3 \
 #   BATCH=4 GEN_BATCH=16 SHARD=16 EVAL_LIMIT=2 EVAL_TOKENS=32 WORK=/tmp/v5 OUT=/tmp/v5/out \
@@ -30,7 +32,7 @@ make_data() {  # seconds, out folder, extra args
         --code-dir "$STDLIB" "$SITE" --max-new-tokens 256 --shard-size "$SHARD" \
         --dtype "$DTYPE" --device "$DEVICE" "$@"
 }
-make_data "${GREEDY_SECONDS:-210}" "$WORK/data-greedy" --fast --prompts-per-file 6 \
+make_data "${GREEDY_SECONDS:-210}" "$WORK/data-greedy" --fast --prompts-per-file "${PER_FILE:-6}" \
     --max-prompts "${MAX_PROMPTS:-163840}" --batch-size "${GEN_BATCH:-512}" --seed 20 \
     > "$OUT/make-data-greedy.log" 2>&1
 log "greedy data (--fast): $(ls "$WORK"/data-greedy/shard-* 2>/dev/null | wc -l) shards"
@@ -41,6 +43,7 @@ if ! ls "$WORK"/data-greedy/shard-* > /dev/null 2>&1; then
 fi
 make_data "${T1_SECONDS:-60}" "$WORK/data-t1" --prompts-per-file 1 --temperature 1.0 \
     --max-prompts "${T1_PROMPTS:-8192}" --batch-size "${GEN_BATCH:-1024}" --seed 21 \
+    --shard-size "${T1_SHARD:-$SHARD}" \
     > "$OUT/make-data-t1.log" 2>&1
 log "T=1 data: $(ls "$WORK"/data-t1/shard-* 2>/dev/null | wc -l) shards"
 DATA=()
