@@ -23,7 +23,7 @@ FIELD = "--dllm-algorithm-config"
 # Keys SGLang itself reads from the same YAML (dllm/config.py, algorithm base).
 SGLANG_KEYS = frozenset({"block_size", "capture_input_preparation"})
 SPIFFY_KEYS = frozenset({"graph", "budget", "keep", "threshold", "unmask_per_step",
-                         "eos_token_id", "banned_token_ids"})
+                         "eos_token_id", "banned_token_ids", "max_running_requests"})
 
 
 def rule_params(rule: str) -> DecodeParams:
@@ -95,6 +95,7 @@ def parse_spiffy_config(raw: Any, *, block_size: int, mask_id: int,
         require(params.threshold is not None and float(t) == params.threshold,
                 f"{FIELD}: threshold", f"{t!r} differs from the graph's rule {graph.rule!r}")
     eos = _int(raw, "eos_token_id", 0)
+    _int(raw, "max_running_requests", 1)  # applied by `_apply_dllm_defaults`
     banned = raw.get("banned_token_ids", [mask_id])
     require(isinstance(banned, list) and all(isinstance(b, int) and b >= 0 for b in banned),
             f"{FIELD}: banned_token_ids", f"must be a list of token ids, got {banned!r}")
@@ -179,11 +180,17 @@ def _resolve_algorithm(original, name, *args, **kwargs):
     return original(name, *args, **kwargs)
 
 
-def _apply_checkpoint_defaults(result, server_args, *args, **kwargs):
-    """AFTER hook on `DllmConfig.from_server_args` for SDAR checkpoints that declare their mask
-    token (ours, see `sdar.py`); others are left as SGLang made them."""
+def _apply_dllm_defaults(result, server_args, *args, **kwargs):
+    """AFTER hook on `DllmConfig.from_server_args`. For our algorithms, the YAML key
+    `max_running_requests` sets the requests denoised at once, apart from the server's
+    `--max-running-requests`, which also bounds the sequences of one forward (requests x
+    (1 + D*) with drafts). SDAR checkpoints that declare their mask token (ours, see `sdar.py`)
+    get their mask id and block size; others are left as SGLang made them."""
     if result is None:
         return result
+    n = result.algorithm_config.get("max_running_requests")
+    if result.algorithm in ALGORITHMS and isinstance(n, int) and n >= 1:  # else parse() fails
+        result.max_running_requests = n
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.configs.model_config import ModelConfig
 
@@ -212,7 +219,7 @@ def register_dllm_algorithm(name: str, class_path: str) -> None:
     require(prev == class_path, "--dllm-algorithm", f"{name!r} is already registered as {prev}")
     if first:
         HookRegistry.register(GET_ALGORITHM, _resolve_algorithm, HookType.AROUND)
-        HookRegistry.register(DLLM_CONFIG, _apply_checkpoint_defaults, HookType.AFTER)
+        HookRegistry.register(DLLM_CONFIG, _apply_dllm_defaults, HookType.AFTER)
 
 
 def register() -> None:
