@@ -56,17 +56,20 @@ class SlotRunner:
     def forward(self, fb, pp_proxy_tensors=None):
         kv, table, bs = self.token_to_kv_pool, self.req_to_token_pool.req_to_token, self.bs
         kv.tokens[fb.out_cache_loc.long()] = fb.input_ids  # "write K/V" of every row
-        out = []
-        for r in range(fb.batch_size):
-            ctx = kv.tokens[table[int(fb.req_pool_indices[r]), : int(fb.seq_lens[r])].long()]
-            assert (ctx >= 0).all(), "a sequence read a slot nobody wrote"
-            blk = torch.arange(len(ctx)) // bs
-            mask = torch.zeros(len(ctx), len(ctx)).masked_fill(blk[None] > blk[:, None], -1e30)
-            logits = self.model(input_ids=ctx[None], attention_mask=mask[None, None]).logits
-            out.append(logits[0, -bs:])
+        ctx = [kv.tokens[table[int(fb.req_pool_indices[r]), : int(fb.seq_lens[r])].long()]
+               for r in range(fb.batch_size)]
+        assert all((c >= 0).all() for c in ctx), "a sequence read a slot nobody wrote"
+        out = torch.empty(fb.batch_size, bs, self.model.config.vocab_size)
+        for n in {len(c) for c in ctx}:  # sequences of one length in one call
+            rows = [r for r, c in enumerate(ctx) if len(c) == n]
+            blk = torch.arange(n) // bs
+            mask = torch.zeros(n, n).masked_fill(blk[None] > blk[:, None], -1e30)
+            out[rows] = self.model(input_ids=torch.stack([ctx[r] for r in rows]),
+                                   attention_mask=mask[None, None]).logits[:, -bs:]
         self.forwards += 1
         self.rows_per_forward.append(fb.batch_size)
-        return SimpleNamespace(logits_output=SimpleNamespace(full_logits=torch.cat(out)),
+        logits = out.view(-1, out.shape[-1])
+        return SimpleNamespace(logits_output=SimpleNamespace(full_logits=logits),
                                can_run_graph=False)
 
 
@@ -111,7 +114,8 @@ def serve(algo, mr, prompts, max_new_tokens: int, fdfo: bool) -> list[list[int]]
         r["canvas"] = torch.tensor(r["tail"] + [mask] * (bs - len(r["tail"])))
         r["prompt_mask"] = torch.arange(bs) < len(r["tail"])
 
-    def close_block(r, canvas):
+    def close_block(r, canvas):  # SGLang keeps the block's K/V: they must be its final canvas's
+        assert mr.token_to_kv_pool.tokens[r["slots"]].tolist() == list(canvas), "stale block K/V"
         r["out"] += canvas[len(r["tail"]):]
         r["prefix"], r["tail"], r["canvas"], r["state"] = r["prefix"] + bs, [], None, None
 
@@ -161,10 +165,10 @@ def test_sglang_loops_with_spiffy_drafts_match_reference(sdar_dir, graph_path, t
     config.first_done_first_out_mode = fdfo
     algo = get_algorithm(config)
     tok = AutoTokenizer.from_pretrained(sdar_dir)
-    prompts = [tok(t).input_ids[-40:] for t in load_prompts_jsonl(FIX / "dev-prompts.jsonl")[:3]]
+    prompts = [tok(t).input_ids[-40:] for t in load_prompts_jsonl(FIX / "dev-prompts.jsonl")[:2]]
     prompts[1] = prompts[1][:32]  # one prompt ends on a block boundary
-    n = 40  # SGLang fills whole blocks: the reference stops on the same block boundary
-    refs = [generate(model, p, DecodeParams(unmask_per_step=1), 48 - len(p) % 16).tokens
+    n = 24  # SGLang fills whole blocks: the reference stops on the same block boundary
+    refs = [generate(model, p, DecodeParams(unmask_per_step=1), 32 - len(p) % 16).tokens
             for p in prompts]
     mr = SlotRunner(model, algo.block_size)
     with torch.inference_mode():
@@ -172,7 +176,7 @@ def test_sglang_loops_with_spiffy_drafts_match_reference(sdar_dir, graph_path, t
     for p, ref, g in zip(prompts, refs, got):
         assert len(g) >= len(ref) and g[: len(ref)] == ref, json.dumps(
             {"prompt": p, "ref": ref, "sglang": g})
-    assert sum(map(len, refs)) >= 90
+    assert sum(map(len, refs)) >= 50
     assert max(mr.rows_per_forward) > len(prompts)  # draft rows joined the forwards
     steps, blocks = algo.totals["steps"], algo.totals["blocks"]
     assert algo.totals["accepted"] > 0
@@ -181,12 +185,21 @@ def test_sglang_loops_with_spiffy_drafts_match_reference(sdar_dir, graph_path, t
 
 
 def test_drafts_that_do_not_fit_are_skipped_exactly(sdar_dir, graph_path, tmp_path, model):
+    """With no room for draft rows SGLang's loop runs one step per forward: steps + 1 forwards
+    per block (the one-step baseline the serve test derives); with room for one, fewer."""
     config = DllmConfig.from_server_args(server_args(sdar_dir, "Spiffy", {"graph": graph_path},
                                                      tmp_path))
     algo = get_algorithm(config)
     prompt = [5, 17, 29, 41, 53]
     ref = generate(model, prompt, DecodeParams(unmask_per_step=1), 27).tokens
-    mr = SlotRunner(model, algo.block_size, rows=2)  # room for the request and one draft row
-    with torch.inference_mode():
-        assert serve(algo, mr, [prompt], 27, fdfo=True)[0][: len(ref)] == ref
-    assert max(mr.rows_per_forward) == 2
+    forwards = []
+    for rows in (1, 2):  # the request's own row, plus room for 0 / 1 draft rows
+        mr = SlotRunner(model, algo.block_size, rows=rows)
+        steps, blocks = algo.totals["steps"], algo.totals["blocks"]
+        with torch.inference_mode():
+            assert serve(algo, mr, [prompt], 27, fdfo=True)[0][: len(ref)] == ref
+        assert max(mr.rows_per_forward) == rows
+        forwards.append((mr.forwards, algo.totals["steps"] - steps,
+                         algo.totals["blocks"] - blocks))
+    (plain, steps, blocks), (one_draft, *_) = forwards
+    assert plain == steps + blocks and one_draft < plain, forwards
