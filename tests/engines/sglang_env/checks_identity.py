@@ -26,6 +26,7 @@ from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
 
 from spiffy_plugin.decode import generate  # noqa: E402
+from spiffy_plugin.engines.sglang_batch import DraftRows, extend_batch, unsupported  # noqa: E402
 from spiffy_plugin.params import DecodeParams  # noqa: E402
 from tests.engines.sglang_env.fixtures import FIX, server_args  # noqa: E402
 
@@ -203,3 +204,45 @@ def test_drafts_that_do_not_fit_are_skipped_exactly(sdar_dir, graph_path, tmp_pa
                          algo.totals["blocks"] - blocks))
     (plain, steps, blocks), (one_draft, *_) = forwards
     assert plain == steps + blocks and one_draft < plain, forwards
+
+
+def test_draft_rows_share_the_prefix_slots_and_are_freed(model):
+    bs, mr = 16, SlotRunner(model, 16, slots=1024, rows=8)
+    alloc, pool = mr.token_to_kv_pool_allocator, mr.req_to_token_pool
+    free0, rows0 = alloc.available_size(), pool.available_size()
+    table, reqs = pool.req_to_token, []
+    for k, prefix in enumerate((32, 16)):
+        row, slots = pool.alloc_rows(1)[0], alloc.alloc(prefix + bs)
+        table[row, : prefix + bs] = slots.to(table.dtype)
+        reqs.append(dict(rid=f"r{k}", row=row, prefix=prefix, slots=slots[prefix:],
+                         canvas=torch.full((bs,), 2),
+                         prompt_mask=torch.zeros(bs, dtype=torch.bool)))
+    fb = forward_batch(reqs, bs)
+    assert unsupported(fb, bs, 16) is None
+    rows = DraftRows(mr)
+    assert rows.budget(2, bs) == 6 and rows.allocate(3, bs)
+    drafts = torch.arange(3 * bs).view(3, bs)
+    out = extend_batch(fb, [1, 1, 0], drafts, rows, bs)
+    assert out.batch_size == 5 and out.input_ids.shape == (5 * bs,)
+    assert torch.equal(out.input_ids[: 2 * bs], fb.input_ids)  # the roots first, unchanged
+    assert torch.equal(out.input_ids[2 * bs:], drafts.view(-1))
+    assert out.req_pool_indices.tolist() == [reqs[0]["row"], reqs[1]["row"]] + rows.rows
+    assert out.seq_lens.tolist() == [48, 32, 32, 32, 48] and out.seq_lens_sum == 192
+    assert out.extend_prefix_lens_cpu == [32, 16, 16, 16, 32] and out.rids[2:] == ["r1", "r1", "r0"]
+    assert torch.equal(out.positions.view(5, bs)[2:], fb.positions.view(2, bs)[[1, 1, 0]])
+    for r, owner in enumerate([1, 1, 0]):
+        root, p = reqs[owner]["row"], reqs[owner]["prefix"]
+        assert torch.equal(table[rows.rows[r], :p], table[root, :p])  # shared prefix slots
+        own = table[rows.rows[r], p: p + bs].long()
+        assert torch.equal(own, rows.block_slots(r, bs)) and torch.equal(
+            out.out_cache_loc.view(5, bs)[2 + r], own)
+        assert not set(own.tolist()) & set(table[root, : p + bs].tolist())  # fresh block slots
+    rows.release()
+    for r in reqs:
+        alloc.free(table[r["row"], : r["prefix"] + bs].long())
+    pool.free_rows([r["row"] for r in reqs])
+    assert (alloc.available_size(), pool.available_size()) == (free0, rows0)
+    fb.return_logprob = True
+    assert unsupported(fb, bs, 16) == "logprobs requested"
+    fb.return_logprob = False
+    assert "page size" in unsupported(fb, bs, 32)
