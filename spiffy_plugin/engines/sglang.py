@@ -3,7 +3,8 @@
 SGLang's dLLM runtime denoises one *canvas* (the current block) per request; an algorithm's
 `step` turns the canvas's logits into the next canvas. The *algorithm config* is the YAML file of
 `--dllm-algorithm-config` (keys below). This module is import-free of SGLang: it validates
-configs and holds the tensor step; `sglang_algorithm.py` is the SGLang class, imported lazily.
+configs and registers the algorithms; the acceptance rule is `sglang_drafts.py`, the draft rows
+`sglang_batch.py`, the SGLang class `sglang_algorithm.py` (imported lazily, inside SGLang).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any
 
 import torch
 
-from ..decode import choose_unmask, step_distribution
 from ..errors import ConfigError, require
 from ..graph import DraftGraph, load_graph
 from ..params import DecodeParams
@@ -115,36 +115,6 @@ def decodable_positions(
         eos_seen = ((ids == eos_token_id) & gen).long().cumsum(-1) > 0
         ok &= ~eos_seen
     return ok
-
-
-def denoise_step(
-    ids: torch.Tensor,  # [batch, block] canvas, modified in place
-    logits: torch.Tensor,  # [batch, block, vocab] logits of this canvas
-    prompt_mask: torch.Tensor,  # [batch, block] True where the prompt owns the position
-    cfg: SpiffyConfig,
-) -> list[bool]:  # per row: the canvas was already final when this forward scored it
-    """One denoising step of the graph's rule with the reference runtime's own function
-    (`decode.choose_unmask`). As SGLang requires, a row reports done only once a forward has
-    seen its final canvas (so its K/V are persisted); masks after a generated EOS become EOS."""
-    logits = logits.float()
-    if cfg.banned_token_ids:
-        logits[..., list(cfg.banned_token_ids)] = float("-inf")
-    done = []
-    for r in range(ids.shape[0]):
-        dec = decodable_positions(ids[r: r + 1], prompt_mask[r: r + 1], cfg.mask_id,
-                                  cfg.eos_token_id)[0]
-        done.append(not bool(dec.any()))
-        if done[-1]:
-            continue
-        probs = step_distribution(logits[r], cfg.params)
-        pos, toks = choose_unmask(probs, dec, cfg.params, None)
-        ids[r, pos] = toks.to(ids.dtype)
-        left = decodable_positions(ids[r: r + 1], prompt_mask[r: r + 1], cfg.mask_id,
-                                   cfg.eos_token_id)[0]
-        if not left.any() and cfg.eos_token_id is not None:
-            ids[r] = ids[r].masked_fill((ids[r] == cfg.mask_id) & ~prompt_mask[r],
-                                        cfg.eos_token_id)
-    return done
 
 
 def checkpoint_defaults(hf_config: Any, algorithm_config: dict) -> tuple[int | None, int | None]:

@@ -52,7 +52,7 @@ class Scorer:
         self.draft_logits: list[torch.Tensor | None] = []  # per request: [drafts, block, vocab]
         self.forwards = 0
 
-    def forward(self, fb, pp_proxy_tensors=None):
+    def forward(self, fb, pp_proxy_tensors=None):  # fb: input_ids [batch * block], the roots
         self.rows.release()  # the previous forward's rows (their K/V were used by its step)
         b, bs = fb.batch_size, self.algo.block_size
         canvases = fb.input_ids.view(b, bs).cpu()
@@ -101,6 +101,7 @@ class Spiffy(DllmAlgorithm):
         super().__init__(config)
         self.cfg = self.parse(config.algorithm_config, block_size=config.block_size,
                               mask_id=config.mask_id)
+        # forwards: all (prompt blocks too); blocks / steps / accepted: denoised blocks only
         self.totals = {"forwards": 0, "blocks": 0, "steps": 0, "accepted": 0}
         self._warned: set[str] = set()
         logger.info("%s: graph %s (D=%d, D*=%d, rule %s); each forward scores the root and up "
@@ -137,7 +138,12 @@ class Spiffy(DllmAlgorithm):
         if isinstance(model_runner, Scorer):
             model_runner.states = states
 
-    def step(self, forward_batch, full_logits: torch.Tensor, states: list[Any]) -> list[bool]:
+    def step(
+        self,
+        forward_batch,  # the roots' batch: input_ids [batch * block], advanced in place
+        full_logits: torch.Tensor,  # [batch * block, vocab] the roots' logits
+        states: list[Any],  # CanvasState per request
+    ) -> list[bool]:  # per request: its final canvas's K/V are in the cache
         sc, bs, b = self._scorer, self.block_size, forward_batch.batch_size
         ids = forward_batch.input_ids.view(b, bs).cpu().clone()
         logits = full_logits.view(b, bs, -1)

@@ -107,6 +107,6 @@ def advance(
     if final_from_draft and match is not None and not left.any():  # a draft is the final canvas
         state.done = True
         return Outcome(True, match)
-    if cfg.eos_token_id is not None:  # masks after a generated EOS become EOS (denoise_step)
+    if cfg.eos_token_id is not None:  # masks after a generated EOS become EOS (emitted canvas)
         ids.masked_fill_(left, cfg.eos_token_id)
     return Outcome(False, None)
