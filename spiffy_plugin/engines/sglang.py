@@ -3,7 +3,8 @@
 SGLang's dLLM runtime denoises one *canvas* (the current block) per request; an algorithm's
 `step` turns the canvas's logits into the next canvas. The *algorithm config* is the YAML file of
 `--dllm-algorithm-config` (keys below). This module is import-free of SGLang: it validates
-configs and holds the tensor step; `sglang_algorithm.py` is the SGLang class, imported lazily.
+configs and registers the algorithms; the acceptance rule is `sglang_drafts.py`, the draft rows
+`sglang_batch.py`, the SGLang class `sglang_algorithm.py` (imported lazily, inside SGLang).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any
 
 import torch
 
-from ..decode import choose_unmask, step_distribution
 from ..errors import ConfigError, require
 from ..graph import DraftGraph, load_graph
 from ..params import DecodeParams
@@ -23,7 +23,7 @@ FIELD = "--dllm-algorithm-config"
 # Keys SGLang itself reads from the same YAML (dllm/config.py, algorithm base).
 SGLANG_KEYS = frozenset({"block_size", "capture_input_preparation"})
 SPIFFY_KEYS = frozenset({"graph", "budget", "keep", "threshold", "unmask_per_step",
-                         "eos_token_id", "banned_token_ids"})
+                         "eos_token_id", "banned_token_ids", "max_running_requests"})
 
 
 def rule_params(rule: str) -> DecodeParams:
@@ -95,6 +95,7 @@ def parse_spiffy_config(raw: Any, *, block_size: int, mask_id: int,
         require(params.threshold is not None and float(t) == params.threshold,
                 f"{FIELD}: threshold", f"{t!r} differs from the graph's rule {graph.rule!r}")
     eos = _int(raw, "eos_token_id", 0)
+    _int(raw, "max_running_requests", 1)  # applied by `_apply_dllm_defaults`
     banned = raw.get("banned_token_ids", [mask_id])
     require(isinstance(banned, list) and all(isinstance(b, int) and b >= 0 for b in banned),
             f"{FIELD}: banned_token_ids", f"must be a list of token ids, got {banned!r}")
@@ -114,36 +115,6 @@ def decodable_positions(
         eos_seen = ((ids == eos_token_id) & gen).long().cumsum(-1) > 0
         ok &= ~eos_seen
     return ok
-
-
-def denoise_step(
-    ids: torch.Tensor,  # [batch, block] canvas, modified in place
-    logits: torch.Tensor,  # [batch, block, vocab] logits of this canvas
-    prompt_mask: torch.Tensor,  # [batch, block] True where the prompt owns the position
-    cfg: SpiffyConfig,
-) -> list[bool]:  # per row: the canvas was already final when this forward scored it
-    """One denoising step of the graph's rule with the reference runtime's own function
-    (`decode.choose_unmask`). As SGLang requires, a row reports done only once a forward has
-    seen its final canvas (so its K/V are persisted); masks after a generated EOS become EOS."""
-    logits = logits.float()
-    if cfg.banned_token_ids:
-        logits[..., list(cfg.banned_token_ids)] = float("-inf")
-    done = []
-    for r in range(ids.shape[0]):
-        dec = decodable_positions(ids[r: r + 1], prompt_mask[r: r + 1], cfg.mask_id,
-                                  cfg.eos_token_id)[0]
-        done.append(not bool(dec.any()))
-        if done[-1]:
-            continue
-        probs = step_distribution(logits[r], cfg.params)
-        pos, toks = choose_unmask(probs, dec, cfg.params, None)
-        ids[r, pos] = toks.to(ids.dtype)
-        left = decodable_positions(ids[r: r + 1], prompt_mask[r: r + 1], cfg.mask_id,
-                                   cfg.eos_token_id)[0]
-        if not left.any() and cfg.eos_token_id is not None:
-            ids[r] = ids[r].masked_fill((ids[r] == cfg.mask_id) & ~prompt_mask[r],
-                                        cfg.eos_token_id)
-    return done
 
 
 def checkpoint_defaults(hf_config: Any, algorithm_config: dict) -> tuple[int | None, int | None]:
@@ -179,11 +150,17 @@ def _resolve_algorithm(original, name, *args, **kwargs):
     return original(name, *args, **kwargs)
 
 
-def _apply_checkpoint_defaults(result, server_args, *args, **kwargs):
-    """AFTER hook on `DllmConfig.from_server_args` for SDAR checkpoints that declare their mask
-    token (ours, see `sdar.py`); others are left as SGLang made them."""
+def _apply_dllm_defaults(result, server_args, *args, **kwargs):
+    """AFTER hook on `DllmConfig.from_server_args`. For our algorithms, the YAML key
+    `max_running_requests` sets the requests denoised at once, apart from the server's
+    `--max-running-requests`, which also bounds the sequences of one forward (requests x
+    (1 + D*) with drafts). SDAR checkpoints that declare their mask token (ours, see `sdar.py`)
+    get their mask id and block size; others are left as SGLang made them."""
     if result is None:
         return result
+    n = result.algorithm_config.get("max_running_requests")
+    if result.algorithm in ALGORITHMS and isinstance(n, int) and n >= 1:  # else parse() fails
+        result.max_running_requests = n
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.configs.model_config import ModelConfig
 
@@ -212,7 +189,7 @@ def register_dllm_algorithm(name: str, class_path: str) -> None:
     require(prev == class_path, "--dllm-algorithm", f"{name!r} is already registered as {prev}")
     if first:
         HookRegistry.register(GET_ALGORITHM, _resolve_algorithm, HookType.AROUND)
-        HookRegistry.register(DLLM_CONFIG, _apply_checkpoint_defaults, HookType.AFTER)
+        HookRegistry.register(DLLM_CONFIG, _apply_dllm_defaults, HookType.AFTER)
 
 
 def register() -> None:

@@ -1,10 +1,12 @@
 """Spiffy as an SGLang dLLM algorithm (imported lazily, inside SGLang processes only).
 
-What runs: the algorithm config is validated at launch (`configure_server_args`) and again when
-the scheduler builds the algorithm; each denoising step applies the graph's decoding rule with
-the reference runtime's own functions, so greedy output equals `spiffy generate`'s token for
-token. Not yet wired: scoring the D* draft blocks in the same forward (as extra sequences sharing
-the committed prefix); until then each forward advances one step, as vanilla decoding does.
+Each SGLang forward scores the root canvas of every request AND its D* draft canvases, in ONE
+`model_runner.forward`: the drafts are extra sequences of the ForwardBatch whose req_to_token rows
+share the request's committed-prefix KV slots and own fresh slots for their block
+(`sglang_batch.py`). `step` then applies Spiffy's acceptance rule (`sglang_drafts.advance`, the
+reference's replay), so one forward may advance several denoising steps, and greedy output stays
+token-identical to `spiffy generate`. SGLang's own loops (`DllmAlgorithm._run_sync` / `_run_fdfo`)
+drive the forwards unchanged: `run` hands them a `Scorer` in place of the model runner.
 """
 
 from __future__ import annotations
@@ -16,9 +18,78 @@ import torch
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
-from .sglang import denoise_step, parse_spiffy_config
+from .sglang import parse_spiffy_config
+from .sglang_batch import DraftRows, extend_batch, unsupported
+from .sglang_drafts import CanvasState, Draft, advance, drafts_to_score
 
 logger = logging.getLogger(__name__)
+
+
+def kv_block_copier(pool):
+    """`copy(tgt, src)` of K/V rows in SGLang's KV pool (all layers), or None where this pool's
+    layout is not one we know to copy; then a final canvas gets its own forward, as in SGLang."""
+    if getattr(pool, "_kv_copy_config", None) is not None or getattr(pool, "use_hnd", False):
+        return pool.move_kv_cache  # SGLang's own copy is set up for this pool
+    if (type(pool).__name__ == "MHATokenToKVPool" and getattr(pool, "kv_cache_layout", "") == "nhd"
+            and getattr(pool, "k_scale_buffer", None) is None):
+        from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
+
+        return lambda tgt, src: move_kv_cache_native(pool.k_buffer, pool.v_buffer, tgt, src)
+    return None
+
+
+class Scorer:
+    """Stands in for the model runner inside SGLang's dLLM loops: each `forward` is one forward
+    of the real runner over the root rows plus the draft rows of `states`; the roots' logits go
+    back to the loop, the drafts' stay here for `Spiffy.step`. Counts forwards."""
+
+    def __init__(self, algo: Spiffy, model_runner):
+        self.algo, self.mr = algo, model_runner
+        self.rows = DraftRows(model_runner)
+        self.states: list[CanvasState] = []
+        self.scored: list[list[Draft]] = []  # per request: the drafts scored in this forward
+        self.first: list[int] = []  # per request: its first draft row (index into self.rows)
+        self.draft_logits: list[torch.Tensor | None] = []  # per request: [drafts, block, vocab]
+        self.forwards = 0
+
+    def forward(self, fb, pp_proxy_tensors=None):  # fb: input_ids [batch * block], the roots
+        self.rows.release()  # the previous forward's rows (their K/V were used by its step)
+        b, bs = fb.batch_size, self.algo.block_size
+        canvases = fb.input_ids.view(b, bs).cpu()
+        scored = [drafts_to_score(s, canvases[i]) for i, s in enumerate(self.states)]
+        scored += [[] for _ in range(b - len(scored))]
+        why = unsupported(fb, bs, self.mr.token_to_kv_pool_allocator.page_size)
+        if why is not None:
+            self.algo.warn_once(f"drafts not scored ({why}): one denoising step per forward")
+            scored = [[] for _ in range(b)]
+        wanted = sum(map(len, scored))
+        left = self.rows.budget(b, bs) if wanted else 0
+        if left < wanted:
+            self.algo.warn_once(
+                "not every draft fits this forward (free req_to_token rows / KV slots / "
+                "--max-running-requests); a forward takes 1 + D* sequences per request: raise "
+                "--max-running-requests and set max_running_requests in the YAML to the "
+                "requests to denoise at once")
+        for i in range(b):
+            scored[i], left = scored[i][:left], left - min(left, len(scored[i]))
+        owners = [i for i in range(b) for _ in scored[i]]
+        batch = fb
+        if owners and self.rows.allocate(len(owners), bs):
+            ids = torch.stack([d.ids for s in scored for d in s])
+            batch = extend_batch(fb, owners, ids, self.rows, bs)
+        else:
+            scored = [[] for _ in range(b)]
+        out = self.mr.forward(batch, pp_proxy_tensors=pp_proxy_tensors)
+        self.forwards += 1
+        logits = out.logits_output.full_logits
+        self.scored, self.first, self.draft_logits, row = scored, [], [], b * bs
+        for s in scored:
+            self.first.append((row - b * bs) // bs)
+            self.draft_logits.append(logits[row: row + len(s) * bs].view(len(s), bs, -1)
+                                     if s else None)
+            row += len(s) * bs
+        out.logits_output.full_logits = logits[: b * bs]
+        return out
 
 
 class Spiffy(DllmAlgorithm):
@@ -30,9 +101,12 @@ class Spiffy(DllmAlgorithm):
         super().__init__(config)
         self.cfg = self.parse(config.algorithm_config, block_size=config.block_size,
                               mask_id=config.mask_id)
-        logger.info("%s: graph %s (D=%d, D*=%d, rule %s); draft scoring is not wired in SGLang "
-                    "yet, one denoising step per forward", type(self).__name__,
-                    self.cfg.graph_path, self.cfg.budget, self.cfg.keep, self.cfg.graph.rule)
+        # forwards: all (prompt blocks too); blocks / steps / accepted: denoised blocks only
+        self.totals = {"forwards": 0, "blocks": 0, "steps": 0, "accepted": 0}
+        self._warned: set[str] = set()
+        logger.info("%s: graph %s (D=%d, D*=%d, rule %s); each forward scores the root and up "
+                    "to D* draft blocks", type(self).__name__, self.cfg.graph_path,
+                    self.cfg.budget, self.cfg.keep, self.cfg.graph.rule)
 
     @classmethod
     def configure_server_args(cls, server_args) -> None:
@@ -40,15 +114,66 @@ class Spiffy(DllmAlgorithm):
         config = DllmConfig.from_server_args(server_args)
         cls.parse(config.algorithm_config, block_size=config.block_size, mask_id=config.mask_id)
 
+    def warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            logger.warning("%s: %s", type(self).__name__, message)
+
     def init_step_state(self, forward_batch) -> list[Any]:
         ids = forward_batch.input_ids.view(forward_batch.batch_size, self.block_size)
         prompt = forward_batch.dllm_prompt_mask
-        return list(prompt if prompt is not None else ids != self.mask_id)
+        prompt = prompt if prompt is not None else ids != self.mask_id
+        return [CanvasState(p.cpu().clone()) for p in prompt]
 
-    def step(self, forward_batch, full_logits: torch.Tensor, states: list[Any]) -> list[bool]:
-        bs = forward_batch.batch_size
-        ids = forward_batch.input_ids.view(bs, self.block_size).clone()
-        logits = full_logits.view(bs, self.block_size, -1)
-        done = denoise_step(ids, logits, torch.stack(list(states)), self.cfg)
-        forward_batch.input_ids.copy_(ids.view(-1))  # in place: CUDA-graph safe
+    def run(self, model_runner, forward_batch, algo_states=None):
+        """SGLang's own loop over a `Scorer`; draft rows are freed when it ends, errors too."""
+        self._scorer = Scorer(self, model_runner)
+        try:
+            return super().run(self._scorer, forward_batch, algo_states)
+        finally:
+            self._scorer.rows.release()
+            self.totals["forwards"] += self._scorer.forwards
+
+    def prepare_inputs(self, model_runner, forward_batch, states) -> None:
+        if isinstance(model_runner, Scorer):
+            model_runner.states = states
+
+    def step(
+        self,
+        forward_batch,  # the roots' batch: input_ids [batch * block], advanced in place
+        full_logits: torch.Tensor,  # [batch * block, vocab] the roots' logits
+        states: list[Any],  # CanvasState per request
+    ) -> list[bool]:  # per request: its final canvas's K/V are in the cache
+        sc, bs, b = self._scorer, self.block_size, forward_batch.batch_size
+        ids = forward_batch.input_ids.view(b, bs).cpu().clone()
+        logits = full_logits.view(b, bs, -1)
+        translator = getattr(sc.mr, "kv_index_translator", None)
+        copy = None if getattr(translator, "is_translating", False) else \
+            kv_block_copier(sc.mr.token_to_kv_pool)
+        done = []
+        for i, st in enumerate(states):
+            if st.done:
+                done.append(True)
+                continue
+            scored = sc.scored[i] if i < len(sc.scored) else []
+            out = advance(ids[i], logits[i], scored, sc.draft_logits[i] if scored else None,
+                          st, self.cfg, final_from_draft=copy is not None)
+            if out.kv_from is not None:  # the final canvas's K/V: copy the draft row's block
+                root = forward_batch.out_cache_loc.view(b, bs)[i]
+                copy(root, sc.rows.block_slots(sc.first[i] + out.kv_from, bs).to(root))
+            if out.done:
+                self._finished(forward_batch, i, st)
+            done.append(out.done)
+        forward_batch.input_ids.copy_(ids.view(-1).to(forward_batch.input_ids))  # in place
         return done
+
+    def _finished(self, forward_batch, i: int, st: CanvasState) -> None:
+        if st.steps == 0:  # a prompt block: nothing was denoised
+            return
+        for k, v in (("blocks", 1), ("steps", st.steps), ("accepted", st.accepted)):
+            self.totals[k] += v
+        rid = (forward_batch.rids or [None] * (i + 1))[i]
+        # One-step decoding takes one forward per step plus the forward that persists the
+        # final canvas's K/V: steps + 1 on the same (identical) trajectory.
+        logger.info("Spiffy block: rid=%s forwards=%d steps=%d accepted=%d one_step_forwards=%d",
+                    rid, st.forwards, st.steps, st.accepted, st.steps + 1)

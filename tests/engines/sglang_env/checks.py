@@ -50,6 +50,7 @@ def test_spiffy_and_specfold_resolve_from_command_line(sdar_dir, graph_path, tmp
     assert (cfg.algorithm, cfg.mask_id, cfg.block_size) == ("Spiffy", 2, 16)
     assert cfg.algorithm_config["eos_token_id"] == 0
     assert cfg.algorithm_config["banned_token_ids"] == [1, 2]
+    assert cfg.max_running_requests == 1  # SGLang's dLLM default
     get_algorithm_cls("Spiffy").configure_server_args(sa)
     algo = get_algorithm(cfg)
     assert type(algo).__name__ == "Spiffy"
@@ -58,6 +59,9 @@ def test_spiffy_and_specfold_resolve_from_command_line(sdar_dir, graph_path, tmp
                      tmp_path)
     algo = get_algorithm(DllmConfig.from_server_args(sa))
     assert (type(algo).__name__, algo.delta, algo.cfg.keep) == ("SpecFold", 0.25, 3)
+    sa = server_args(sdar_dir, "Spiffy", {"graph": graph_path, "max_running_requests": 3},
+                     tmp_path)
+    assert DllmConfig.from_server_args(sa).max_running_requests == 3  # the YAML's, for dLLM only
     low = DllmConfig.from_server_args(server_args(sdar_dir, "LowConfidence", None, tmp_path))
     assert (low.mask_id, low.block_size) == (2, 16)  # same model, SGLang's own algorithm
 
@@ -90,6 +94,7 @@ BAD = [
     ({"graph": "@G", "block_size": 8}, "block_size: the graph was calibrated for blocks of 16"),
     ({"graph": "@G", "kepp": 2}, r"unknown keys \['kepp'\]"),
     ({"graph": "@G", "threshold": 0.9}, "threshold: 0.9 differs from the graph's rule"),
+    ({"graph": "@G", "max_running_requests": 0}, "max_running_requests: must be an integer >= 1"),
 ]
 
 
