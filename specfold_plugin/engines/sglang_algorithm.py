@@ -1,25 +1,42 @@
 """SpecFold as an SGLang dLLM algorithm (imported lazily, inside SGLang processes only).
 
-Folding is NOT applied inside SGLang: it skips QKV/FFN per draft position inside every layer,
-which needs per-layer model code that SGLang's model classes do not expose to an algorithm.
-SpecFold validates its full config (graph, D, D*, delta) and then runs Spiffy's verification
-(`spiffy_plugin.engines.sglang_algorithm`: the D* drafts scored densely as extra sequences in
-the root's forward), so its output is Spiffy's exact one, never an approximation shown as folded.
+Spiffy's algorithm (`spiffy_plugin.engines.sglang_algorithm`: drafts as extra sequences of the
+root's forward, Spiffy's acceptance replay) with a folded verify forward: around every forward that
+holds draft rows a fold plan is active (`sglang_fold.py`), under which each SDAR decoder layer
+computes QKV and the FFN only for the (draft row, position) rows the residual gate recomputes
+(delta = 0: only exact repeats of the parent branch fold, so the output is Spiffy's). Attention
+runs for every row in SGLang's backend. Fold counters are logged per finished block.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 from spiffy_plugin.engines.sglang_algorithm import Spiffy
+from spiffy_plugin.engines.sglang_drafts import CanvasState
+from spiffy_plugin.spiffy import branch_parents
 
+from ..stats import FoldStats
 from .sglang import parse_specfold_config
+from .sglang_fold import FoldPlan, Group, active, install
 
 logger = logging.getLogger(__name__)
+DUMPS = 3
 
 
 def _parse(raw, *, block_size: int, mask_id: int):
     return parse_specfold_config(raw, block_size=block_size, mask_id=mask_id).spiffy
+
+
+@dataclass
+class FoldState(CanvasState):
+    fold: FoldStats | None = None  # this block's fold counters (forwards with drafts only)
 
 
 class SpecFold(Spiffy):
@@ -29,5 +46,89 @@ class SpecFold(Spiffy):
         super().__init__(config)
         self.delta = parse_specfold_config(config.algorithm_config, block_size=config.block_size,
                                            mask_id=config.mask_id).delta
-        logger.warning("SpecFold (delta=%g): folding is not implemented in the SGLang adapter; "
-                       "running Spiffy's verification (drafts scored densely, exact)", self.delta)
+        self.layers = 0  # wrapped SDAR layers (0 until the first run, or on another model)
+        self.fold: FoldStats | None = None  # over every forward with drafts
+        # Verification aid: SPECDEC_SPECFOLD_DUMP=DIR saves the first DUMPS forwards with drafts
+        # (ids, positions, tree, per-layer fold sets, logits) for comparison with the reference.
+        self.dump_dir = os.environ.get("SPECDEC_SPECFOLD_DUMP")
+        self.dumped = 0
+        self._pending: dict | None = None
+
+    def run(self, model_runner, forward_batch, algo_states=None):
+        if not self.layers:
+            self.layers = install(model_runner.model)
+            if self.layers:
+                self.fold = FoldStats(self.layers)
+                logger.info("SpecFold: folding %d SDAR layers (delta=%g)", self.layers,
+                            self.delta)
+            else:
+                self.warn_once(f"folding needs SGLang's SDAR model, got "
+                               f"{type(model_runner.model).__name__}: drafts are scored densely")
+        return super().run(model_runner, forward_batch, algo_states)
+
+    def init_step_state(self, forward_batch) -> list[FoldState]:
+        return [FoldState(s.prompt) for s in super().init_step_state(forward_batch)]
+
+    def forward_context(self, batch, scored, first, states):
+        b, bs = len(scored), self.block_size
+        if not self.layers or not any(scored):
+            return contextlib.nullcontext()
+        groups = []
+        for i, s in enumerate(scored):
+            if not s:
+                continue
+            st = states[i] if i < len(states) else None
+            if isinstance(st, FoldState) and st.fold is None:
+                st.fold = FoldStats(self.layers)
+            stats = st.fold if isinstance(st, FoldState) else None
+            if stats is not None:
+                stats.add_forward((1 + len(s)) * bs, bs, 0)
+            seqs = [i] + [b + first[i] + j for j in range(len(s))]
+            par = branch_parents(self.cfg.graph, [d.node for d in s])
+            groups.append(Group(torch.tensor(seqs), torch.tensor(par), stats))
+        self.fold.add_forward(batch.batch_size * bs, b * bs, 0)
+        plan = FoldPlan(batch.batch_size, bs, self.delta, groups, stats=self.fold)
+        rids = list(batch.rids or [])[:b]
+        if self.dump_dir and self.dumped < DUMPS and not any(
+                str(r).startswith("HEALTH_CHECK") for r in rids):  # SGLang's own probes
+            plan.record = []
+            self._pending = {"plan": plan, "rids": rids, "input_ids": batch.input_ids.cpu().clone(),
+                             "positions": batch.positions.cpu().clone()}
+        return self._checked(plan)
+
+    def step(self, forward_batch, full_logits, states):
+        if self._pending is not None:
+            self._dump(self._pending, full_logits)
+            self._pending = None
+        return super().step(forward_batch, full_logits, states)
+
+    def _dump(self, pending: dict, full_logits: torch.Tensor) -> None:  # [batch * block, vocab]
+        plan, sc, bs = pending.pop("plan"), self._scorer, self.block_size
+        roots = full_logits.view(-1, bs, full_logits.shape[-1])
+        drafts = [torch.cat([roots[i: i + 1], d]) if d is not None else roots[i: i + 1]
+                  for i, d in enumerate(sc.draft_logits)]
+        pending.update(
+            groups=[(g.seqs, g.parents) for g in plan.groups], delta=plan.delta,
+            fold=plan.record, logits=[d.float().cpu() for d in drafts])  # per request [k, n, V]
+        Path(self.dump_dir).mkdir(parents=True, exist_ok=True)
+        torch.save(pending, Path(self.dump_dir) / f"forward{self.dumped}.pt")
+        self.dumped += 1
+
+    @contextlib.contextmanager
+    def _checked(self, plan: FoldPlan):
+        with active(plan):
+            yield
+        if plan.layers_run != self.layers:
+            self.warn_once(f"only {plan.layers_run} of {self.layers} layers ran folded in a "
+                           "forward with drafts (a graph replay or another model path)")
+
+    def _finished(self, forward_batch, i: int, st: CanvasState) -> None:
+        super()._finished(forward_batch, i, st)
+        if st.steps == 0 or not isinstance(st, FoldState) or st.fold is None:
+            return
+        rid = (forward_batch.rids or [None] * (i + 1))[i]
+        f = st.fold
+        logger.info("SpecFold block: rid=%s fold_forwards=%d fold_qkv=%.4f fold_ffn=%.4f "
+                    "fold_qkv_drafts=%.4f fold_ffn_drafts=%.4f", rid, f.forwards,
+                    f.fold_ratio("qkv"), f.fold_ratio("ffn"), f.fold_ratio("qkv", True),
+                    f.fold_ratio("ffn", True))

@@ -11,6 +11,7 @@ drive the forwards unchanged: `run` hands them a `Scorer` in place of the model 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -79,12 +80,16 @@ class Scorer:
             batch = extend_batch(fb, owners, ids, self.rows, bs)
         else:
             scored = [[] for _ in range(b)]
-        out = self.mr.forward(batch, pp_proxy_tensors=pp_proxy_tensors)
+        first, row = [], 0
+        for s in scored:  # per request: its first draft row (index into self.rows)
+            first.append(row)
+            row += len(s)
+        with self.algo.forward_context(batch, scored, first, self.states):
+            out = self.mr.forward(batch, pp_proxy_tensors=pp_proxy_tensors)
         self.forwards += 1
         logits = out.logits_output.full_logits
-        self.scored, self.first, self.draft_logits, row = scored, [], [], b * bs
+        self.scored, self.first, self.draft_logits, row = scored, first, [], b * bs
         for s in scored:
-            self.first.append((row - b * bs) // bs)
             self.draft_logits.append(logits[row: row + len(s) * bs].view(len(s), bs, -1)
                                      if s else None)
             row += len(s) * bs
@@ -113,6 +118,12 @@ class Spiffy(DllmAlgorithm):
         """Fail at launch, before any model loads, on a bad algorithm config."""
         config = DllmConfig.from_server_args(server_args)
         cls.parse(config.algorithm_config, block_size=config.block_size, mask_id=config.mask_id)
+
+    def forward_context(self, batch, scored: list[list[Draft]], first: list[int],
+                        states: list[CanvasState]):
+        """Entered around each model forward (`batch`: roots, then the draft rows); Spiffy's
+        forward is SGLang's own (SpecFold folds inside it)."""
+        return contextlib.nullcontext()
 
     def warn_once(self, message: str) -> None:
         if message not in self._warned:

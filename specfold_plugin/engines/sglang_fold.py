@@ -1,0 +1,151 @@
+"""SpecFold's folded SDAR decoder layer inside SGLang's forward (duck-typed; imported lazily).
+
+A *fold plan* is set (`active`) around one model forward whose ForwardBatch holds draft rows: per
+request, the batch sequences of its tree (root first) and each one's parent branch. While a plan is
+active, every wrapped `SDARBlock` (`install`) runs `folded_block`: the gate of the reference
+(`specfold_plugin.gate`) on the layer input picks the recompute rows; qkv_proj (+ q/k norm, rope)
+runs on those only and folded rows copy their source's Q/K/V; SGLang's own RadixAttention then
+runs over every row (K/V writes and prefix sharing stay SGLang's); the FFN is gated the same way
+on its own input. Without an active plan (or on a batch that is not the plan's) the layer's own
+forward runs unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from ..gate import gate, resolve_sources, source_rows
+from ..stats import FoldStats
+
+
+@dataclass
+class Group:
+    seqs: torch.Tensor  # [k] long: batch sequence of each branch, the root first
+    parents: torch.Tensor  # [k] long: parent branch (index into seqs), parents[0] = -1
+    stats: FoldStats | None = None  # this request's counters (rows of its k sequences)
+
+
+@dataclass
+class FoldPlan:
+    sequences: int  # sequences of the ForwardBatch (roots and draft rows)
+    block: int  # tokens per sequence
+    delta: float
+    groups: list[Group]
+    ffn_gate: str = "own"  # "own": FFN gated on its own input; "layer": the attention gate's set
+    stats: FoldStats | None = None  # counters over every sequence of the forward
+    layers_run: int = 0  # wrapped layers that ran folded under this plan
+    record: list | None = None  # when a list: per layer (qkv fold [S, n], ffn fold [S, n]) bool
+    _layer: int = field(default=0, repr=False)
+
+
+_ACTIVE: list[FoldPlan] = []  # at most one plan: the model forward running now
+
+
+@contextlib.contextmanager
+def active(plan: FoldPlan):
+    """Fold the forwards run inside this block with `plan`."""
+    _ACTIVE.append(plan)
+    try:
+        yield plan
+    finally:
+        _ACTIVE.remove(plan)
+
+
+def current() -> FoldPlan | None:
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def fold_rows(
+    h: torch.Tensor,  # [S * n, d] sublayer input of every sequence of the batch
+    plan: FoldPlan,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # rows [R], take [S*n], fold [S, n] bool
+    """Recompute rows (flat indices) and, per row, the index into them of its source."""
+    s, n = plan.sequences, plan.block
+    hv = h.view(s, n, -1)
+    sources = torch.arange(s, device=h.device)[:, None].repeat(1, n)  # [S, n]
+    fold = torch.zeros(s, n, dtype=torch.bool, device=h.device)
+    for g in plan.groups:
+        seqs, par = g.seqs.to(h.device), g.parents.to(h.device)
+        f = gate(hv[seqs], par, plan.delta)  # [k, n]
+        sources[seqs] = seqs[resolve_sources(f, par)]
+        fold[seqs] = f
+    rows, take = source_rows(sources, ~fold)
+    return rows, take, fold
+
+
+def _count(plan: FoldPlan, qkv_fold: torch.Tensor, ffn_fold: torch.Tensor) -> None:
+    """Per-layer counters: recomputed rows of the whole forward and of each request."""
+    layer = plan._layer
+    if plan.stats is not None:
+        plan.stats.add_layer(layer, int((~qkv_fold).sum()), int((~ffn_fold).sum()), 0)
+    for g in plan.groups:
+        if g.stats is not None:
+            seqs = g.seqs.to(qkv_fold.device)
+            g.stats.add_layer(layer, int((~qkv_fold[seqs]).sum()), int((~ffn_fold[seqs]).sum()), 0)
+    if plan.record is not None:
+        plan.record.append((qkv_fold.cpu(), ffn_fold.cpu()))
+    plan._layer += 1
+    plan.layers_run += 1
+
+
+def folded_block(
+    layer,  # sglang.srt.models.sdar.SDARBlock
+    positions: torch.Tensor,  # [S * n]
+    hidden_states,  # the stream's layer output handle (SGLang's residual boundary)
+    forward_batch,
+    plan: FoldPlan,
+):
+    """`SDARBlock.forward` with SpecFold's gates (see the module docstring)."""
+    from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
+    from sglang.srt.models.utils import apply_qk_norm
+
+    attn = layer.self_attn
+    x = layer.attn_boundary.prepare(hidden_states, forward_batch)  # [S*n, d] normed input
+    h = residual_batch.written_residual(forward_batch)  # [S*n, d] the layer's input stream
+    h = x if h is None else h
+    rows, take, qfold = fold_rows(h, plan)
+    qkv, _ = attn.qkv_proj(x[rows])  # [R, q + 2 kv]
+    q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+    q, k = apply_qk_norm(q=q, k=k, q_norm=attn.q_norm, k_norm=attn.k_norm,
+                         head_dim=attn.head_dim, alt_stream=attn.alt_stream)
+    q, k = attn.rotary_emb(positions[rows], q, k)
+    ctx = attn.attn(q[take], k[take], v[take].contiguous(), forward_batch, save_kv_cache=True)
+    out, _ = attn.o_proj(ctx)
+    out = layer.attn_boundary.finish(out, forward_batch)
+    x = layer.ffn_boundary.prepare(out, forward_batch)  # [S*n, d] normed FFN input
+    if plan.ffn_gate == "layer":
+        frows, ftake, ffold = rows, take, qfold
+    else:
+        mid = residual_batch.written_residual(forward_batch)  # [S*n, d] FFN input stream
+        frows, ftake, ffold = fold_rows(x if mid is None else mid, plan)
+    y = layer.mlp(x[frows])[ftake]  # [S*n, d]
+    _count(plan, qfold, ffold)
+    return layer.ffn_boundary.finish(y, forward_batch)
+
+
+def install(model) -> int:
+    """Wrap every SDARBlock of an SGLang SDAR model (once); returns the wrapped layer count, 0
+    when `model` is not SGLang's SDAR model (then nothing is wrapped and nothing folds)."""
+    layers = getattr(getattr(model, "model", None), "layers", None) or []
+    blocks = [m for m in layers if type(m).__name__ == "SDARBlock"
+              and type(m).__module__ == "sglang.srt.models.sdar"]
+    for m in blocks:
+        if getattr(m, "_specfold_wrapped", False):
+            continue
+        m.forward = _wrapped(m, m.forward)
+        m._specfold_wrapped = True
+    return len(blocks)
+
+
+def _wrapped(layer, own):
+    def forward(positions, hidden_states, forward_batch):
+        plan = current()
+        if plan is None or forward_batch.batch_size != plan.sequences \
+                or positions.shape[0] != plan.sequences * plan.block:
+            return own(positions, hidden_states, forward_batch)
+        return folded_block(layer, positions, hidden_states, forward_batch, plan)
+
+    return forward
