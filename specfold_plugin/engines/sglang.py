@@ -2,8 +2,9 @@
 
 The config is Spiffy's (graph file, D = `budget`, D* = `keep`, rule) plus `delta`, the fold
 threshold: a draft position whose residual differs from its parent's by at most delta reuses the
-parent's QKV/FFN (delta = 0 folds only exact repeats); inside SGLang no folding is applied (see
-`sglang_algorithm.py`). Imports no SGLang at module import.
+parent's QKV/FFN (delta = 0 folds only exact repeats); inside SGLang the folding runs in a wrapper
+of the SDAR decoder layer (`sglang_fold.py`, driven by `sglang_algorithm.py`). Imports no SGLang
+at module import.
 """
 
 from __future__ import annotations

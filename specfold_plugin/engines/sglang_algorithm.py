@@ -5,7 +5,8 @@ root's forward, Spiffy's acceptance replay) with a folded verify forward: around
 holds draft rows a fold plan is active (`sglang_fold.py`), under which each SDAR decoder layer
 computes QKV and the FFN only for the (draft row, position) rows the residual gate recomputes
 (delta = 0: only exact repeats of the parent branch fold, so the output is Spiffy's). Attention
-runs for every row in SGLang's backend. Fold counters are logged per finished block.
+runs for every row in SGLang's backend. Fold counters are logged per finished block. For delta > 0
+no final canvas's K/V are copied from a (folded) draft row: the committed cache stays exact.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class SpecFold(Spiffy):
         super().__init__(config)
         self.delta = parse_specfold_config(config.algorithm_config, block_size=config.block_size,
                                            mask_id=config.mask_id).delta
+        # delta > 0: folded draft rows hold approximate K/V, so a final canvas is persisted by
+        # SGLang's own forward (dense, as the reference commits it), never copied from a draft.
+        self.exact_draft_kv = self.delta == 0
         self.layers = 0  # wrapped SDAR layers (0 until the first run, or on another model)
         self.fold: FoldStats | None = None  # over every forward with drafts
         # Verification aid: SPECDEC_SPECFOLD_DUMP=DIR saves the first DUMPS forwards with drafts

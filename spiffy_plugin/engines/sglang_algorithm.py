@@ -101,6 +101,8 @@ class Spiffy(DllmAlgorithm):
     """`--dllm-algorithm Spiffy --dllm-algorithm-config spiffy.yaml` (see the README)."""
 
     parse = staticmethod(parse_spiffy_config)
+    # A draft row's K/V equal a dense forward's, so a final canvas's K/V may be copied from it.
+    exact_draft_kv = True
 
     def __init__(self, config: DllmConfig):
         super().__init__(config)
@@ -159,8 +161,8 @@ class Spiffy(DllmAlgorithm):
         ids = forward_batch.input_ids.view(b, bs).cpu().clone()
         logits = full_logits.view(b, bs, -1)
         translator = getattr(sc.mr, "kv_index_translator", None)
-        copy = None if getattr(translator, "is_translating", False) else \
-            kv_block_copier(sc.mr.token_to_kv_pool)
+        copy = None if getattr(translator, "is_translating", False) or not self.exact_draft_kv \
+            else kv_block_copier(sc.mr.token_to_kv_pool)
         done = []
         for i, st in enumerate(states):
             if st.done:

@@ -67,14 +67,18 @@ def served(tmp_path_factory):
     GRAPH.save(tmp / "graph.json")
     # up to 2 requests denoised at once; the runner's limit leaves room for their draft rows
     (tmp / "spiffy.yaml").write_text(f"graph: {tmp / 'graph.json'}\nmax_running_requests: 2\n")
-    port = free_port()
+    with server(sdar, "Spiffy", tmp / "spiffy.yaml", tmp / "sglang.log") as srv:
+        yield srv, sdar
+
+
+def server(sdar: Path, algorithm: str, config: Path, log: Path, **env) -> VLLMServer:
+    """SGLang's server (not started) for `algorithm` with the YAML `config`."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(sdar),
            "--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32",
-           "--dllm-algorithm", "Spiffy", "--dllm-algorithm-config", str(tmp / "spiffy.yaml"),
-           "--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", "8192",
+           "--dllm-algorithm", algorithm, "--dllm-algorithm-config", str(config),
+           "--host", "127.0.0.1", "--port", str(free_port()), "--max-total-tokens", "8192",
            "--max-running-requests", "16", "--skip-server-warmup"]
-    with VLLMServer(cmd, env=sglang_env(), log_path=tmp / "sglang.log") as srv:
-        yield srv, sdar
+    return VLLMServer(cmd, env=dict(sglang_env(), **env), log_path=log)
 
 
 def forward_lines(log: str) -> int:
@@ -159,3 +163,107 @@ def test_sglang_batches_two_requests_with_their_drafts(served):
     accepted = [int(m.group(4)) for m in BLOCK_LINE.finditer(log) if m.group(1) in rids]
     assert len(accepted) == 4 and sum(accepted) > 0  # with their drafts
     assert "not every draft fits" not in log
+
+
+# SpecFold: two more servers, started together (delta = 0 and 0.1; the second dumps its first
+# forwards with drafts: ids, tree, per-layer fold sets and logits, see `SpecFold._dump`).
+FOLD_LINE = re.compile(r"SpecFold block: rid=(\S+) fold_forwards=(\d+) fold_qkv=([\d.]+) "
+                       r"fold_ffn=([\d.]+) fold_qkv_drafts=([\d.]+) fold_ffn_drafts=([\d.]+)")
+
+
+@pytest.fixture(scope="module")
+def specfold(tmp_path_factory):
+    if not (SGLANG_ENV / "soundfile.py").is_file() or not (DLLM / "config.json").is_file():
+        pytest.skip("SGLang test env or code-dllm fixture missing (see `served`)")
+    tmp = tmp_path_factory.mktemp("sglang-specfold")
+    sdar = convert_to_sdar(DLLM, tmp / "code-dllm-sdar")
+    GRAPH.save(tmp / "graph.json")
+    servers = {}
+    for delta in (0.0, 0.1):
+        (tmp / f"{delta}.yaml").write_text(f"graph: {tmp / 'graph.json'}\ndelta: {delta}\n")
+        env = {"SPECDEC_SPECFOLD_DUMP": str(tmp / "dump")} if delta else {}
+        servers[delta] = server(sdar, "SpecFold", tmp / f"{delta}.yaml", tmp / f"{delta}.log",
+                                **env)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(VLLMServer.start, servers.values()))
+        yield servers, sdar, tmp / "dump"
+    finally:
+        for srv in servers.values():
+            srv.stop()
+
+
+def _serve_one(srv, ids, n):
+    """(output ids, the fold log lines of this request's blocks)."""
+    status, body = request(f"{srv.url}/generate", {
+        "input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0}})
+    assert status == 200, body
+    time.sleep(0.5)  # the scheduler logs a block just after streaming its output
+    rid = body["meta_info"]["id"]
+    return body["output_ids"], [tuple(map(float, m.groups()[1:])) for m in
+                                FOLD_LINE.finditer(srv.log_path.read_text()) if m.group(1) == rid]
+
+
+def test_sglang_specfold_delta_zero_folds_and_is_token_identical(specfold):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    servers, sdar, _ = specfold
+    tok = AutoTokenizer.from_pretrained(sdar)
+    model = AutoModelForCausalLM.from_pretrained(sdar, dtype=torch.float32).eval()
+    eos = model.config.eos_token_id
+    ids = tok(PROMPTS[0]).input_ids
+    n = 48 - len(ids) % 16
+    ref = [t for t in generate(model, ids, DecodeParams(unmask_per_step=1), n).tokens if t != eos]
+    srv = servers[0.0]
+    out, lines = _serve_one(srv, ids, n)
+    assert [t for t in out if t != eos] == ref, srv.log_tail(2000)
+    layers = model.config.num_hidden_layers
+    assert f"SpecFold: folding {layers} SDAR layers (delta=0)" in srv.log_path.read_text()
+    assert len(lines) == -(-n // 16) and all(f >= 1 for f, *_ in lines)
+    # exact repeats of the parent (unchanged tokens, same layer input) fold at delta = 0
+    assert sum(q for _, _, _, q, _ in lines) > 0, lines
+
+
+def test_sglang_specfold_folds_like_the_reference(specfold):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specfold_plugin.fold import folded_forward
+    from specfold_plugin.gate import gate
+    from spiffy_plugin.runtime import BlockDiffusionRunner, dllm_spec
+
+    servers, sdar, dump = specfold
+    tok = AutoTokenizer.from_pretrained(sdar)
+    model = AutoModelForCausalLM.from_pretrained(sdar, dtype=torch.float32).eval()
+    ids = tok(PROMPTS[1]).input_ids
+    n = 32 - len(ids) % 16
+    srv = servers[0.1]
+    out, lines = _serve_one(srv, ids, n)
+    seq = ids + out
+    assert lines and sum(q for _, _, _, q, _ in lines) > 0, lines  # fold ratio over drafts
+    files = sorted(dump.glob("forward*.pt"))
+    assert len(files) == 3, files
+    spec, masks = dllm_spec(model.config), []
+
+    def recording_gate(h, parents, delta):
+        masks.append(gate(h, parents, delta))
+        return masks[-1]
+
+    for f in files:
+        d = torch.load(f)
+        (seqs, parents), = d["groups"]  # one request in flight
+        p, bs = int(d["positions"][0]), spec.block_size
+        blocks = d["input_ids"].view(-1, bs)[seqs]
+        runner = BlockDiffusionRunner(model, spec)
+        with torch.inference_mode():
+            runner.forward(torch.tensor(seq[:p], dtype=torch.long), blocks[:1])
+            masks.clear()
+            want = folded_forward(runner, blocks, parents.tolist(), d["delta"],
+                                  gate_fn=recording_gate)
+        got_masks = [m[seqs] for layer in d["fold"] for m in layer]  # attn, ffn per layer
+        assert len(got_masks) == len(masks)
+        for i, (g, w) in enumerate(zip(got_masks, masks)):
+            assert torch.equal(g, w), (f.name, i, g.int(), w.int())
+        assert sum(int(m[1:].sum()) for m in masks) > 0  # this forward folded draft rows
+        got = d["logits"][0]
+        keep = torch.isfinite(want)
+        torch.testing.assert_close(got[keep], want[keep], atol=2e-3, rtol=1e-3)
