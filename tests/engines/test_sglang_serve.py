@@ -12,6 +12,8 @@ persists the block's final canvas (S + 1 per block, as SGLang's loops run a one-
 `sglang_env/checks_identity.py` measures exactly that in SGLang's loop), on the same trajectory:
 the test checks that S equals our reference vanilla decoder's step count.
 
+SpecFold: two more servers (delta 0 and 0.1, started together); see the section at the end.
+
 DFlash through SGLang is not served here: SGLang 0.5.23 refuses `--speculative-algorithm DFLASH`
 on a CPU device while resolving its arguments (see README "SGLang").
 """
