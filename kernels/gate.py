@@ -5,8 +5,9 @@ position, *folded* = rho <= delta (roots never), *source* = flat row (branch * p
 nearest recomputed ancestor, *rows* = the recomputed flat rows packed densely (ascending, -1 pad),
 *slot* = compact index of each row's source, so `take_rows(y_compact, slot)` scatters results back
 and hands every folded position its source's values in one pass. Requires parent[i] < i.
-Launches: gate (one program per row), resolve (parallel), compact (one program: a chunked scan),
-slot (parallel). Nothing syncs with the host; `count` stays on the device (CUDA-graph friendly).
+Launches: gate (one program per row), resolve (parallel), compact (one program per segment =
+request: a chunked scan), slot (parallel). Nothing syncs with the host; `count` stays on the
+device (CUDA-graph friendly).
 """
 
 from __future__ import annotations
@@ -60,29 +61,34 @@ def _resolve_kernel(fold_ptr, parent_ptr, src_ptr, T, N, NB, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _compact_kernel(src_ptr, rows_ptr, rank_ptr, count_ptr, T, BLOCK: tl.constexpr):
+def _compact_kernel(src_ptr, rows_ptr, rank_ptr, count_ptr, S, CAP, BLOCK: tl.constexpr):
+    seg = tl.program_id(0)  # one program per segment (request): a chunked scan of its S rows
+    base = seg * S
+    out0 = seg * CAP
     carry = tl.full([], 0, tl.int32)
-    for start in range(0, T, BLOCK):
-        r = start + tl.arange(0, BLOCK)
-        ok = r < T
+    for start in range(0, S, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        ok = i < S
+        r = base + i
         s = tl.load(src_ptr + r, mask=ok, other=-1)
         keep = (s == r) & ok
         rank = carry + tl.cumsum(keep.to(tl.int32), 0) - 1
-        tl.store(rows_ptr + rank, r, mask=keep)
+        tl.store(rows_ptr + out0 + rank, r, mask=keep & (rank < CAP))
         tl.store(rank_ptr + r, rank, mask=keep)
         carry += tl.sum(keep.to(tl.int32), 0)
-    tl.store(count_ptr, carry)
-    for start in range(0, T, BLOCK):  # pad: disjoint from the slots written above
-        r = start + tl.arange(0, BLOCK)
-        tl.store(rows_ptr + r, tl.full([BLOCK], -1, tl.int32), mask=(r < T) & (r >= carry))
+    tl.store(count_ptr + seg, carry)
+    for start in range(0, CAP, BLOCK):  # pad: disjoint from the slots written above
+        i = start + tl.arange(0, BLOCK)
+        tl.store(rows_ptr + out0 + i, tl.full([BLOCK], -1, tl.int32), mask=(i < CAP) & (i >= carry))
 
 
 @triton.jit
-def _slot_kernel(src_ptr, rank_ptr, slot_ptr, T, BLOCK: tl.constexpr):
+def _slot_kernel(src_ptr, rank_ptr, slot_ptr, T, S, CAP, BLOCK: tl.constexpr):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = r < T
     s = tl.load(src_ptr + r, mask=ok, other=0)
-    tl.store(slot_ptr + r, tl.load(rank_ptr + s, mask=ok, other=0), mask=ok)
+    rank = tl.load(rank_ptr + s, mask=ok, other=0)
+    tl.store(slot_ptr + r, tl.where(rank < CAP, (s // S) * CAP + rank, -1), mask=ok)
 
 
 @triton.jit
@@ -140,19 +146,31 @@ def resolve_sources(folded: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
     return src
 
 
-def compact(src: torch.Tensor):
-    """src [branches, positions] int32 -> rows [T] int32 (recomputed rows, then -1),
-    slot [T] int32, count [1] int32 (on the device); T = branches * positions."""
+def compact(src: torch.Tensor, segments: int = 1, capacity: int | None = None):
+    """src [branches, positions] int32 -> rows [segments * capacity] int32, slot [T] int32,
+    count [segments] int32 (on the device); T = branches * positions.
+    The branches form `segments` equal groups (requests; fold sources stay inside a group). Each
+    group's recomputed rows go, ascending, to its `capacity` compact slots (default: all of its
+    rows), then -1. With a smaller capacity, rows past it are dropped and slot is -1 for the rows
+    whose source was dropped; count holds the true numbers, so count > capacity flags the overflow
+    without a host sync (the caller re-runs with more capacity)."""
     check_tensor("src", src, 2, (torch.int32,))
     t = src.numel()
+    if segments < 1 or src.shape[0] % segments:
+        raise ValueError(f"segments: must be >= 1 and divide the {src.shape[0]} branches, got "
+                         f"{segments}")
+    per = t // segments
+    cap = per if capacity is None else int(capacity)
+    if not 0 <= cap <= per:
+        raise ValueError(f"capacity: must lie in [0, {per}] (rows per segment), got {capacity}")
     dev = src.device
-    rows = torch.empty(t, dtype=torch.int32, device=dev)
+    rows = torch.empty(segments * cap, dtype=torch.int32, device=dev)
     slot = torch.empty(t, dtype=torch.int32, device=dev)
     rank = torch.empty(t, dtype=torch.int32, device=dev)
-    count = torch.empty(1, dtype=torch.int32, device=dev)
-    _compact_kernel[(1,)](src, rows, rank, count, t, BLOCK=1024)
+    count = torch.empty(segments, dtype=torch.int32, device=dev)
+    _compact_kernel[(segments,)](src, rows, rank, count, per, cap, BLOCK=1024)
     if t:
-        _slot_kernel[(triton.cdiv(t, 256),)](src, rank, slot, t, BLOCK=256)
+        _slot_kernel[(triton.cdiv(t, 256),)](src, rank, slot, t, per, cap, BLOCK=256)
     return rows, slot, count
 
 
@@ -174,15 +192,17 @@ class FoldPlan(NamedTuple):
     rho: torch.Tensor  # [branches, positions] fp32
     folded: torch.Tensor  # [branches, positions] bool
     src: torch.Tensor  # [branches, positions] int32 flat source row
-    rows: torch.Tensor  # [T] int32 recomputed rows then -1
-    slot: torch.Tensor  # [T] int32 compact index of each row's source
-    count: torch.Tensor  # [1] int32 number of recomputed rows
+    rows: torch.Tensor  # [segments * capacity] int32 recomputed rows then -1 (per segment)
+    slot: torch.Tensor  # [T] int32 compact index of each row's source (-1: dropped, overflow)
+    count: torch.Tensor  # [segments] int32 number of recomputed rows
 
 
 def fold_plan(hidden: torch.Tensor, parent: torch.Tensor, delta: float = 0.1,
-              validate: bool = True) -> FoldPlan:
-    """All four steps for one layer: hidden [branches, positions, dim], parent [branches]."""
+              validate: bool = True, segments: int = 1,
+              capacity: int | None = None) -> FoldPlan:
+    """All four steps for one layer: hidden [branches, positions, dim], parent [branches];
+    `segments` / `capacity` as in `compact`."""
     rho, folded = gate(hidden, parent, delta, validate=validate)
     src = resolve_sources(folded, parent)
-    rows, slot, count = compact(src)
+    rows, slot, count = compact(src, segments, capacity)
     return FoldPlan(rho, folded, src, rows, slot, count)
