@@ -25,26 +25,29 @@ _INTS = (torch.int32, torch.int64)
 
 
 @triton.jit
-def _gate_kernel(h_ptr, parent_ptr, rho_ptr, fold_ptr, N, D, delta, eps,
-                 BLOCK_D: tl.constexpr):
-    row = tl.program_id(0)  # flat (branch, position)
+def _gate_kernel(h_ptr, parent_ptr, rho_ptr, fold_ptr, T, N, D, delta, eps,
+                 BR: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0) * BR + tl.arange(0, BR)  # flat (branch, position)
+    ok = row < T
     b = row // N
     n = row % N
-    par = tl.load(parent_ptr + b).to(tl.int32)
+    par = tl.load(parent_ptr + b, mask=ok, other=-1).to(tl.int32)
     par_row = tl.maximum(par, 0) * N + n
-    num = tl.zeros([BLOCK_D], dtype=tl.float32)
-    den = tl.zeros([BLOCK_D], dtype=tl.float32)
+    num = tl.zeros([BR, BLOCK_D], dtype=tl.float32)
+    den = tl.zeros([BR, BLOCK_D], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         offs = d0 + tl.arange(0, BLOCK_D)
-        m = offs < D
-        x = tl.load(h_ptr + row.to(tl.int64) * D + offs, mask=m, other=0.0).to(tl.float32)
-        p = tl.load(h_ptr + par_row.to(tl.int64) * D + offs, mask=m, other=0.0).to(tl.float32)
+        m = ok[:, None] & (offs < D)[None, :]
+        x = tl.load(h_ptr + row.to(tl.int64)[:, None] * D + offs[None, :], mask=m,
+                    other=0.0).to(tl.float32)
+        p = tl.load(h_ptr + par_row.to(tl.int64)[:, None] * D + offs[None, :], mask=m,
+                    other=0.0).to(tl.float32)
         num += (x - p) * (x - p)
         den += p * p
-    rho = tl.sqrt(tl.sum(num, 0)) / tl.maximum(tl.sqrt(tl.sum(den, 0)), eps)
+    rho = tl.sqrt(tl.sum(num, 1)) / tl.maximum(tl.sqrt(tl.sum(den, 1)), eps)
     rho = tl.where(par < 0, float("inf"), rho)
-    tl.store(rho_ptr + row, rho)
-    tl.store(fold_ptr + row, (rho <= delta).to(tl.int8))
+    tl.store(rho_ptr + row, rho, mask=ok)
+    tl.store(fold_ptr + row, (rho <= delta).to(tl.int8), mask=ok)
 
 
 @triton.jit
@@ -92,13 +95,23 @@ def _slot_kernel(src_ptr, rank_ptr, slot_ptr, T, S, CAP, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _take_rows_kernel(x_ptr, idx_ptr, out_ptr, D, BLOCK_D: tl.constexpr):
-    i = tl.program_id(0)
+def _take_rows_kernel(x_ptr, idx_ptr, out_ptr, T, D, BR: tl.constexpr, BLOCK_D: tl.constexpr):
+    i = tl.program_id(0) * BR + tl.arange(0, BR)
     offs = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    j = tl.load(idx_ptr + i + offs * 0).to(tl.int64)  # broadcast to the tile
-    m = offs < D
-    x = tl.load(x_ptr + tl.maximum(j, 0) * D + offs, mask=m & (j >= 0), other=0.0)
-    tl.store(out_ptr + i.to(tl.int64) * D + offs, x, mask=m)
+    i_ok = i < T
+    j = tl.load(idx_ptr + i, mask=i_ok, other=-1).to(tl.int64)
+    m = (offs < D)[None, :]
+    x = tl.load(x_ptr + tl.maximum(j, 0)[:, None] * D + offs[None, :], mask=m & (j >= 0)[:, None],
+                other=0.0)
+    tl.store(out_ptr + i.to(tl.int64)[:, None] * D + offs[None, :], x, mask=m & i_ok[:, None])
+
+
+def _tile(device: torch.device, t: int, d: int, cpu_rows: int) -> tuple[int, int]:
+    """(rows, columns) per program: 2 x <= 512 on a GPU (many programs fill the SMs), large tiles
+    in the CPU interpreter (which runs programs one after another)."""
+    gpu = device.type == "cuda"
+    br = max(2, min(2 if gpu else cpu_rows, next_pow2(t)))
+    return br, min(next_pow2(d), 512 if gpu else 2048)
 
 
 def check_parent(parent: torch.Tensor) -> None:
@@ -126,8 +139,9 @@ def gate(hidden: torch.Tensor, parent: torch.Tensor, delta: float = 0.1, eps: fl
     rho = torch.empty(nb, n, dtype=torch.float32, device=hidden.device)
     folded = torch.empty(nb, n, dtype=torch.int8, device=hidden.device)
     if nb * n:
-        _gate_kernel[(nb * n,)](hidden, parent, rho, folded, n, d, float(delta), float(eps),
-                                BLOCK_D=min(next_pow2(d), 1024))
+        br, bd = _tile(hidden.device, nb * n, d, 64)
+        _gate_kernel[(triton.cdiv(nb * n, br),)](hidden, parent, rho, folded, nb * n, n, d,
+                                                 float(delta), float(eps), BR=br, BLOCK_D=bd)
     return rho, folded.view(torch.bool)
 
 
@@ -183,8 +197,9 @@ def take_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     t, d = idx.shape[0], x.shape[1]
     out = torch.empty(t, d, dtype=x.dtype, device=x.device)
     if t and d:
-        block_d = min(next_pow2(d), 1024)
-        _take_rows_kernel[(t, triton.cdiv(d, block_d))](x, idx, out, d, BLOCK_D=block_d)
+        br, block_d = _tile(x.device, t, d, 64)
+        _take_rows_kernel[(triton.cdiv(t, br), triton.cdiv(d, block_d))](x, idx, out, t, d, BR=br,
+                                                                        BLOCK_D=block_d)
     return out
 
 

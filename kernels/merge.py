@@ -133,7 +133,7 @@ def merge_pair(out_a, m_a, l_a, out_b, m_b, l_b, rows_a=None, dtype=None, return
     mo = torch.empty(r, h, dtype=torch.float32, device=dev) if return_state else out
     lo = torch.empty(r, h, dtype=torch.float32, device=dev) if return_state else out
     if r * h and d:
-        br = 16
+        br = 32 if dev.type == "cuda" else 256  # the CPU interpreter runs programs serially
         ia = rows_a if rows_a is not None else m_b
         _merge_pair_kernel[(triton.cdiv(r * h, br),)](
             out_a, m_a, l_a, ia, out_b, m_b, l_b, out, mo, lo, r * h, h, d,
