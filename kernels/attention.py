@@ -187,12 +187,15 @@ def branch_attention(
     block_m: int | None = None,
     block_n: int | None = None,
     num_splits: int | None = None,  # split-K over the prefix; None = auto (1 on CPU)
+    out_dtype: torch.dtype | None = None,  # default q.dtype; fp32 keeps partials for a merge
 ):
-    """Returns out [rows, branches, q_len, heads, dim] (q.dtype), and with return_state also
-    m, l [rows, branches, q_len, heads] fp32 (module docstring). Give the prefix arguments, the
-    block arguments, or both. Only q-dtype tensors with a contiguous last dim; any other strides
-    (e.g. views into a larger cache) are used as they are."""
+    """Returns out [rows, branches, q_len, heads, dim] (out_dtype, default q.dtype), and with
+    return_state also m, l [rows, branches, q_len, heads] fp32 (module docstring). Give the
+    prefix arguments, the block arguments, or both. Only q-dtype tensors with a contiguous last
+    dim; any other strides (e.g. views into a larger cache) are used as they are."""
     check_tensor("q", q, 5, _FLOATS, contiguous=False, last_contiguous=True)
+    if out_dtype is not None and out_dtype not in _FLOATS:
+        raise ValueError(f"out_dtype: {out_dtype} not allowed (float32, float16, bfloat16)")
     rows, nb, ql, h, d = q.shape
     has_prefix = k_cache is not None
     has_block = k_blk is not None
@@ -228,7 +231,7 @@ def branch_attention(
         raise ValueError(f"num_splits: must be >= 1, got {ns}")
     dev = q.device
     if ns == 1:
-        out = torch.empty(rows, nb, ql, h, d, dtype=q.dtype, device=dev)
+        out = torch.empty(rows, nb, ql, h, d, dtype=out_dtype or q.dtype, device=dev)
         m = l_ = out  # placeholders when no state is asked for
         if return_state:
             m = torch.empty(rows, nb, ql, h, dtype=torch.float32, device=dev)
@@ -259,7 +262,7 @@ def branch_attention(
             PREC="ieee" if q.dtype == torch.float32 or not gpu else "tf32", BM=bm, BN=bn,
             UPCAST=not gpu and q.dtype == torch.bfloat16, BD=next_pow2(max(d, 16)))
     if ns > 1:
-        return merge_partials(out, m, l_, dtype=q.dtype, return_state=return_state)
+        return merge_partials(out, m, l_, dtype=out_dtype or q.dtype, return_state=return_state)
     return (out, m, l_) if return_state else out
 
 

@@ -5,8 +5,9 @@ position, *folded* = rho <= delta (roots never), *source* = flat row (branch * p
 nearest recomputed ancestor, *rows* = the recomputed flat rows packed densely (ascending, -1 pad),
 *slot* = compact index of each row's source, so `take_rows(y_compact, slot)` scatters results back
 and hands every folded position its source's values in one pass. Requires parent[i] < i.
-Launches: gate (one program per row), resolve (parallel), compact (one program: a chunked scan),
-slot (parallel). Nothing syncs with the host; `count` stays on the device (CUDA-graph friendly).
+Launches: gate (one program per row), resolve (parallel), compact (one program per segment =
+request: a chunked scan), slot (parallel). Nothing syncs with the host; `count` stays on the
+device (CUDA-graph friendly).
 """
 
 from __future__ import annotations
@@ -24,26 +25,29 @@ _INTS = (torch.int32, torch.int64)
 
 
 @triton.jit
-def _gate_kernel(h_ptr, parent_ptr, rho_ptr, fold_ptr, N, D, delta, eps,
-                 BLOCK_D: tl.constexpr):
-    row = tl.program_id(0)  # flat (branch, position)
+def _gate_kernel(h_ptr, parent_ptr, rho_ptr, fold_ptr, T, N, D, delta, eps,
+                 BR: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0) * BR + tl.arange(0, BR)  # flat (branch, position)
+    ok = row < T
     b = row // N
     n = row % N
-    par = tl.load(parent_ptr + b).to(tl.int32)
+    par = tl.load(parent_ptr + b, mask=ok, other=-1).to(tl.int32)
     par_row = tl.maximum(par, 0) * N + n
-    num = tl.zeros([BLOCK_D], dtype=tl.float32)
-    den = tl.zeros([BLOCK_D], dtype=tl.float32)
+    num = tl.zeros([BR, BLOCK_D], dtype=tl.float32)
+    den = tl.zeros([BR, BLOCK_D], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         offs = d0 + tl.arange(0, BLOCK_D)
-        m = offs < D
-        x = tl.load(h_ptr + row.to(tl.int64) * D + offs, mask=m, other=0.0).to(tl.float32)
-        p = tl.load(h_ptr + par_row.to(tl.int64) * D + offs, mask=m, other=0.0).to(tl.float32)
+        m = ok[:, None] & (offs < D)[None, :]
+        x = tl.load(h_ptr + row.to(tl.int64)[:, None] * D + offs[None, :], mask=m,
+                    other=0.0).to(tl.float32)
+        p = tl.load(h_ptr + par_row.to(tl.int64)[:, None] * D + offs[None, :], mask=m,
+                    other=0.0).to(tl.float32)
         num += (x - p) * (x - p)
         den += p * p
-    rho = tl.sqrt(tl.sum(num, 0)) / tl.maximum(tl.sqrt(tl.sum(den, 0)), eps)
+    rho = tl.sqrt(tl.sum(num, 1)) / tl.maximum(tl.sqrt(tl.sum(den, 1)), eps)
     rho = tl.where(par < 0, float("inf"), rho)
-    tl.store(rho_ptr + row, rho)
-    tl.store(fold_ptr + row, (rho <= delta).to(tl.int8))
+    tl.store(rho_ptr + row, rho, mask=ok)
+    tl.store(fold_ptr + row, (rho <= delta).to(tl.int8), mask=ok)
 
 
 @triton.jit
@@ -60,39 +64,54 @@ def _resolve_kernel(fold_ptr, parent_ptr, src_ptr, T, N, NB, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _compact_kernel(src_ptr, rows_ptr, rank_ptr, count_ptr, T, BLOCK: tl.constexpr):
+def _compact_kernel(src_ptr, rows_ptr, rank_ptr, count_ptr, S, CAP, BLOCK: tl.constexpr):
+    seg = tl.program_id(0)  # one program per segment (request): a chunked scan of its S rows
+    base = seg * S
+    out0 = seg * CAP
     carry = tl.full([], 0, tl.int32)
-    for start in range(0, T, BLOCK):
-        r = start + tl.arange(0, BLOCK)
-        ok = r < T
+    for start in range(0, S, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        ok = i < S
+        r = base + i
         s = tl.load(src_ptr + r, mask=ok, other=-1)
         keep = (s == r) & ok
         rank = carry + tl.cumsum(keep.to(tl.int32), 0) - 1
-        tl.store(rows_ptr + rank, r, mask=keep)
+        tl.store(rows_ptr + out0 + rank, r, mask=keep & (rank < CAP))
         tl.store(rank_ptr + r, rank, mask=keep)
         carry += tl.sum(keep.to(tl.int32), 0)
-    tl.store(count_ptr, carry)
-    for start in range(0, T, BLOCK):  # pad: disjoint from the slots written above
-        r = start + tl.arange(0, BLOCK)
-        tl.store(rows_ptr + r, tl.full([BLOCK], -1, tl.int32), mask=(r < T) & (r >= carry))
+    tl.store(count_ptr + seg, carry)
+    for start in range(0, CAP, BLOCK):  # pad: disjoint from the slots written above
+        i = start + tl.arange(0, BLOCK)
+        tl.store(rows_ptr + out0 + i, tl.full([BLOCK], -1, tl.int32), mask=(i < CAP) & (i >= carry))
 
 
 @triton.jit
-def _slot_kernel(src_ptr, rank_ptr, slot_ptr, T, BLOCK: tl.constexpr):
+def _slot_kernel(src_ptr, rank_ptr, slot_ptr, T, S, CAP, BLOCK: tl.constexpr):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = r < T
     s = tl.load(src_ptr + r, mask=ok, other=0)
-    tl.store(slot_ptr + r, tl.load(rank_ptr + s, mask=ok, other=0), mask=ok)
+    rank = tl.load(rank_ptr + s, mask=ok, other=0)
+    tl.store(slot_ptr + r, tl.where(rank < CAP, (s // S) * CAP + rank, -1), mask=ok)
 
 
 @triton.jit
-def _take_rows_kernel(x_ptr, idx_ptr, out_ptr, D, BLOCK_D: tl.constexpr):
-    i = tl.program_id(0)
+def _take_rows_kernel(x_ptr, idx_ptr, out_ptr, T, D, BR: tl.constexpr, BLOCK_D: tl.constexpr):
+    i = tl.program_id(0) * BR + tl.arange(0, BR)
     offs = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    j = tl.load(idx_ptr + i + offs * 0).to(tl.int64)  # broadcast to the tile
-    m = offs < D
-    x = tl.load(x_ptr + tl.maximum(j, 0) * D + offs, mask=m & (j >= 0), other=0.0)
-    tl.store(out_ptr + i.to(tl.int64) * D + offs, x, mask=m)
+    i_ok = i < T
+    j = tl.load(idx_ptr + i, mask=i_ok, other=-1).to(tl.int64)
+    m = (offs < D)[None, :]
+    x = tl.load(x_ptr + tl.maximum(j, 0)[:, None] * D + offs[None, :], mask=m & (j >= 0)[:, None],
+                other=0.0)
+    tl.store(out_ptr + i.to(tl.int64)[:, None] * D + offs[None, :], x, mask=m & i_ok[:, None])
+
+
+def _tile(device: torch.device, t: int, d: int, cpu_rows: int) -> tuple[int, int]:
+    """(rows, columns) per program: 2 x <= 512 on a GPU (many programs fill the SMs), large tiles
+    in the CPU interpreter (which runs programs one after another)."""
+    gpu = device.type == "cuda"
+    br = max(2, min(2 if gpu else cpu_rows, next_pow2(t)))
+    return br, min(next_pow2(d), 512 if gpu else 2048)
 
 
 def check_parent(parent: torch.Tensor) -> None:
@@ -120,8 +139,9 @@ def gate(hidden: torch.Tensor, parent: torch.Tensor, delta: float = 0.1, eps: fl
     rho = torch.empty(nb, n, dtype=torch.float32, device=hidden.device)
     folded = torch.empty(nb, n, dtype=torch.int8, device=hidden.device)
     if nb * n:
-        _gate_kernel[(nb * n,)](hidden, parent, rho, folded, n, d, float(delta), float(eps),
-                                BLOCK_D=min(next_pow2(d), 1024))
+        br, bd = _tile(hidden.device, nb * n, d, 64)
+        _gate_kernel[(triton.cdiv(nb * n, br),)](hidden, parent, rho, folded, nb * n, n, d,
+                                                 float(delta), float(eps), BR=br, BLOCK_D=bd)
     return rho, folded.view(torch.bool)
 
 
@@ -140,19 +160,31 @@ def resolve_sources(folded: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
     return src
 
 
-def compact(src: torch.Tensor):
-    """src [branches, positions] int32 -> rows [T] int32 (recomputed rows, then -1),
-    slot [T] int32, count [1] int32 (on the device); T = branches * positions."""
+def compact(src: torch.Tensor, segments: int = 1, capacity: int | None = None):
+    """src [branches, positions] int32 -> rows [segments * capacity] int32, slot [T] int32,
+    count [segments] int32 (on the device); T = branches * positions.
+    The branches form `segments` equal groups (requests; fold sources stay inside a group). Each
+    group's recomputed rows go, ascending, to its `capacity` compact slots (default: all of its
+    rows), then -1. With a smaller capacity, rows past it are dropped and slot is -1 for the rows
+    whose source was dropped; count holds the true numbers, so count > capacity flags the overflow
+    without a host sync (the caller re-runs with more capacity)."""
     check_tensor("src", src, 2, (torch.int32,))
     t = src.numel()
+    if segments < 1 or src.shape[0] % segments:
+        raise ValueError(f"segments: must be >= 1 and divide the {src.shape[0]} branches, got "
+                         f"{segments}")
+    per = t // segments
+    cap = per if capacity is None else int(capacity)
+    if not 0 <= cap <= per:
+        raise ValueError(f"capacity: must lie in [0, {per}] (rows per segment), got {capacity}")
     dev = src.device
-    rows = torch.empty(t, dtype=torch.int32, device=dev)
+    rows = torch.empty(segments * cap, dtype=torch.int32, device=dev)
     slot = torch.empty(t, dtype=torch.int32, device=dev)
     rank = torch.empty(t, dtype=torch.int32, device=dev)
-    count = torch.empty(1, dtype=torch.int32, device=dev)
-    _compact_kernel[(1,)](src, rows, rank, count, t, BLOCK=1024)
+    count = torch.empty(segments, dtype=torch.int32, device=dev)
+    _compact_kernel[(segments,)](src, rows, rank, count, per, cap, BLOCK=1024)
     if t:
-        _slot_kernel[(triton.cdiv(t, 256),)](src, rank, slot, t, BLOCK=256)
+        _slot_kernel[(triton.cdiv(t, 256),)](src, rank, slot, t, per, cap, BLOCK=256)
     return rows, slot, count
 
 
@@ -165,8 +197,9 @@ def take_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     t, d = idx.shape[0], x.shape[1]
     out = torch.empty(t, d, dtype=x.dtype, device=x.device)
     if t and d:
-        block_d = min(next_pow2(d), 1024)
-        _take_rows_kernel[(t, triton.cdiv(d, block_d))](x, idx, out, d, BLOCK_D=block_d)
+        br, block_d = _tile(x.device, t, d, 64)
+        _take_rows_kernel[(triton.cdiv(t, br), triton.cdiv(d, block_d))](x, idx, out, t, d, BR=br,
+                                                                        BLOCK_D=block_d)
     return out
 
 
@@ -174,15 +207,17 @@ class FoldPlan(NamedTuple):
     rho: torch.Tensor  # [branches, positions] fp32
     folded: torch.Tensor  # [branches, positions] bool
     src: torch.Tensor  # [branches, positions] int32 flat source row
-    rows: torch.Tensor  # [T] int32 recomputed rows then -1
-    slot: torch.Tensor  # [T] int32 compact index of each row's source
-    count: torch.Tensor  # [1] int32 number of recomputed rows
+    rows: torch.Tensor  # [segments * capacity] int32 recomputed rows then -1 (per segment)
+    slot: torch.Tensor  # [T] int32 compact index of each row's source (-1: dropped, overflow)
+    count: torch.Tensor  # [segments] int32 number of recomputed rows
 
 
 def fold_plan(hidden: torch.Tensor, parent: torch.Tensor, delta: float = 0.1,
-              validate: bool = True) -> FoldPlan:
-    """All four steps for one layer: hidden [branches, positions, dim], parent [branches]."""
+              validate: bool = True, segments: int = 1,
+              capacity: int | None = None) -> FoldPlan:
+    """All four steps for one layer: hidden [branches, positions, dim], parent [branches];
+    `segments` / `capacity` as in `compact`."""
     rho, folded = gate(hidden, parent, delta, validate=validate)
     src = resolve_sources(folded, parent)
-    rows, slot, count = compact(src)
+    rows, slot, count = compact(src, segments, capacity)
     return FoldPlan(rho, folded, src, rows, slot, count)

@@ -48,21 +48,27 @@ def resolve_sources(folded: torch.Tensor, parent: torch.Tensor) -> torch.Tensor:
     return (cur * n + pos).to(torch.int32)
 
 
-def compact(src: torch.Tensor):
-    """Dense batch of the recomputed rows.
+def compact(src: torch.Tensor, segments: int = 1, capacity: int | None = None):
+    """Dense batch of the recomputed rows, per segment (equal groups of branches: requests).
 
     src,  # [branches, positions] int32 from resolve_sources
-    returns rows [T] int32 (recomputed flat rows ascending, then -1), slot [T] int32
-    (compact index of each row's source), count [1] int32; T = branches * positions."""
+    returns rows [segments * capacity] int32 (each segment's recomputed flat rows ascending, the
+    first `capacity` of them, then -1), slot [T] int32 (compact index of each row's source, -1
+    when the source was dropped), count [segments] int32 (true counts); T = branches * positions,
+    capacity defaults to T / segments."""
     flat = src.reshape(-1).long()
     t = flat.numel()
-    keep = flat == torch.arange(t, device=flat.device)
-    rank = torch.cumsum(keep.long(), 0) - 1
-    idx = torch.nonzero(keep).reshape(-1)
-    rows = torch.full((t,), -1, dtype=torch.int32, device=flat.device)
-    rows[: idx.numel()] = idx.to(torch.int32)
-    slot = rank[flat].to(torch.int32)
-    return rows, slot, torch.tensor([idx.numel()], dtype=torch.int32, device=flat.device)
+    per = t // segments
+    cap = per if capacity is None else capacity
+    keep = (flat == torch.arange(t, device=flat.device)).view(segments, per)
+    rank = torch.cumsum(keep.long(), 1) - 1  # [segments, per]
+    rows = torch.full((segments, cap), -1, dtype=torch.int32, device=flat.device)
+    for g in range(segments):
+        idx = torch.nonzero(keep[g]).reshape(-1)[:cap] + g * per
+        rows[g, : idx.numel()] = idx.to(torch.int32)
+    r = rank.reshape(-1)[flat]
+    slot = torch.where(r < cap, flat // per * cap + r, -1).to(torch.int32)
+    return rows.reshape(-1), slot, keep.sum(1).to(torch.int32)
 
 
 def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -77,11 +83,12 @@ def scatter_rows(y: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
     return y[slot.long()].clone()
 
 
-def fold_plan(hidden: torch.Tensor, parent: torch.Tensor, delta: float = 0.1):
+def fold_plan(hidden: torch.Tensor, parent: torch.Tensor, delta: float = 0.1, segments: int = 1,
+              capacity: int | None = None):
     """Reference of kernels.gate.fold_plan: (rho, folded, src, rows, slot, count)."""
     rho, folded = gate(hidden, parent, delta)
     src = resolve_sources(folded, parent)
-    return (rho, folded, src, *compact(src))
+    return (rho, folded, src, *compact(src, segments, capacity))
 
 
 def paged_prefix(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -157,3 +164,22 @@ def merge_states(out_a, m_a, l_a, out_b, m_b, l_b):
     denom = lsum.clamp(min=1e-30)[..., None]
     out = (wa[..., None] * out_a.float() + wb[..., None] * out_b.float()) / denom
     return out.to(out_a.dtype), m, lsum
+
+
+def merge_pair(out_a, m_a, l_a, out_b, m_b, l_b, rows_a=None, dtype=None):
+    """Reference of kernels.merge.merge_pair: row r merges a's row rows_a[r] (-1 = empty; all
+    rows in order when None) with b's row r.
+
+    out_a,  # [Ra, heads, dim]; m_a, l_a [Ra, heads] fp32
+    out_b,  # [R, heads, dim];  m_b, l_b [R, heads] fp32
+    rows_a,  # [R] int or None
+    returns out [R, heads, dim] (dtype, default out_b.dtype), m, l [R, heads] fp32."""
+    if rows_a is not None:
+        idx = rows_a.long()
+        empty = (idx < 0)[:, None]
+        j = idx.clamp(min=0)
+        out_a = out_a.float()[j].masked_fill(empty[..., None], 0.0)
+        m_a = m_a[j].masked_fill(empty, -math.inf)
+        l_a = l_a[j].masked_fill(empty, 0.0)
+    out, m, lsum = merge_states(out_a.float(), m_a, l_a, out_b.float(), m_b, l_b)
+    return out.to(dtype or out_b.dtype), m, lsum

@@ -4,6 +4,9 @@ Drafts, pruning and the acceptance replay are Spiffy's (`spiffy_plugin.spiffy`);
 forward changes (`fold.folded_forward`). The root is never folded, so the first step of every
 forward is exact; a draft's logits are approximate for delta > 0, so the output can differ from
 Spiffy's (= vanilla decoding's): *agreement* is measured, not assumed. delta = 0 is exact.
+*Backend*: "torch" = `fold.folded_forward` (the reference), "triton" = `fold_fast` (the same
+forward on the `kernels` ops, no host sync inside the layer loop; on CPU only under
+TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
@@ -24,23 +27,35 @@ from .gate import check_delta, gate
 from .stats import FoldStats
 
 DEFAULT_DELTA = 0.1
+BACKENDS = ("torch", "triton")
 
 
 class FoldedVerify:
     """A `spiffy_plugin.spiffy.Verify` that folds, accumulating `stats` over its forwards."""
 
     def __init__(self, delta: float = DEFAULT_DELTA, ffn_gate: str = "own",
-                 gate_fn: GateFn = gate):
+                 gate_fn: GateFn = gate, backend: str = "torch"):
         self.delta = check_delta(delta)
         require(ffn_gate in FFN_GATES, "ffn_gate", f"must be one of {FFN_GATES}, got "
                 f"{ffn_gate!r}")
-        self.ffn_gate, self.gate_fn = ffn_gate, gate_fn
+        require(backend in BACKENDS, "backend", f"must be one of {BACKENDS}, got {backend!r}")
+        require(backend == "torch" or gate_fn is gate, "gate_fn", "a custom gate needs the "
+                "torch backend")
+        self.ffn_gate, self.gate_fn, self.backend = ffn_gate, gate_fn, backend
         self.stats: FoldStats | None = None
+        self.planner = None
+        if backend == "triton":
+            from .fold_fast import CapacityPlanner  # imports triton
+            self.planner = CapacityPlanner()
 
     def __call__(self, runner: BlockDiffusionRunner, blocks: torch.Tensor,  # [k, block_size]
                  parents: list[int]) -> torch.Tensor:  # [k, block_size, vocab]
         if self.stats is None:
             self.stats = FoldStats(len(runner.model.model.layers))
+        if self.backend == "triton":
+            from .fold_fast import folded_forward_fast
+            return folded_forward_fast(runner, blocks, parents, self.delta, self.stats,
+                                       self.ffn_gate, self.planner)
         return folded_forward(runner, blocks, parents, self.delta, self.stats, self.ffn_gate,
                               self.gate_fn)
 
@@ -54,9 +69,10 @@ class SpecFoldResult(DLLMResult):
 def specfold_generate(model, prompt: list[int], graph: DraftGraph,
                       params: DecodeParams = DecodeParams(), max_new_tokens: int = 128,
                       keep: int | None = None, delta: float = DEFAULT_DELTA,
-                      ffn_gate: str = "own") -> SpecFoldResult:
-    """Spiffy decoding with folded verification (bad delta / ffn_gate fail before any work)."""
-    verify = FoldedVerify(delta, ffn_gate)
+                      ffn_gate: str = "own", backend: str = "torch") -> SpecFoldResult:
+    """Spiffy decoding with folded verification (bad delta / ffn_gate / backend fail before any
+    work)."""
+    verify = FoldedVerify(delta, ffn_gate, backend=backend)
     res = spiffy_generate(model, prompt, graph, params, max_new_tokens, keep, verify=verify)
     return SpecFoldResult(res.tokens, res.nfe, res.steps, res.stop_reason, verify.stats)
 

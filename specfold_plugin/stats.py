@@ -20,6 +20,7 @@ class FoldStats:
     ffn_rows: list[int] = field(default_factory=list)  # [layers]
     prefix_qk_dense: int = 0  # sum over forwards of rows x committed-context length
     prefix_qk_folded: int = 0  # sum over forwards and layers of recomputed QKV rows x context
+    reruns: int = 0  # backend "triton": layers re-run because a capacity plan was too small
 
     def __post_init__(self):
         self.qkv_rows = self.qkv_rows or [0] * self.layers
@@ -43,6 +44,7 @@ class FoldStats:
         self.root_rows += other.root_rows
         self.prefix_qk_dense += other.prefix_qk_dense
         self.prefix_qk_folded += other.prefix_qk_folded
+        self.reruns += other.reruns
         self.qkv_rows = [a + b for a, b in zip(self.qkv_rows, other.qkv_rows)]
         self.ffn_rows = [a + b for a, b in zip(self.ffn_rows, other.ffn_rows)]
 
@@ -66,7 +68,7 @@ class FoldStats:
                 "fold_qkv_drafts": round(self.fold_ratio("qkv", True), 4),
                 "fold_ffn_drafts": round(self.fold_ratio("ffn", True), 4),
                 "fold_qkv_per_layer": self.per_layer("qkv"),
-                "fold_ffn_per_layer": self.per_layer("ffn")}
+                "fold_ffn_per_layer": self.per_layer("ffn"), "reruns": self.reruns}
 
 
 def projected_flops(config, stats: FoldStats, block_size: int) -> dict:

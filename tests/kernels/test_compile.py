@@ -39,7 +39,7 @@ def test_gate_kernels_compile(dtype):
     i32 = "*i32"
     compile_sm90(gate._gate_kernel, {"h_ptr": f"*{dtype}", "parent_ptr": i32, "rho_ptr": "*fp32",
                                      "fold_ptr": "*i8", "delta": "fp32", "eps": "fp32"},
-                 {"BLOCK_D": 1024})
+                 {"BR": 2, "BLOCK_D": 512})
     compile_sm90(gate._resolve_kernel, {"fold_ptr": "*i8", "parent_ptr": i32, "src_ptr": i32},
                  {"BLOCK": 256})
     compile_sm90(gate._compact_kernel, {"src_ptr": i32, "rows_ptr": i32, "rank_ptr": i32,
@@ -47,7 +47,7 @@ def test_gate_kernels_compile(dtype):
     compile_sm90(gate._slot_kernel, {"src_ptr": i32, "rank_ptr": i32, "slot_ptr": i32},
                  {"BLOCK": 256})
     compile_sm90(gate._take_rows_kernel, {"x_ptr": f"*{dtype}", "idx_ptr": i32,
-                                          "out_ptr": f"*{dtype}"}, {"BLOCK_D": 1024})
+                                          "out_ptr": f"*{dtype}"}, {"BR": 2, "BLOCK_D": 512})
 
 
 @pytest.mark.parametrize("flags", [
@@ -69,3 +69,27 @@ def test_attention_and_merge_compile(flags):
     compile_sm90(merge._merge_kernel, {"o_ptr": f32, "m_ptr": f32, "l_ptr": f32, "out_ptr": bf,
                                        "mo_ptr": f32, "lo_ptr": f32},
                  {"STATE": flags["STATE"], "BR": 16, "BD": flags["D"]})
+    for has_idx in (True, False):  # SpecFold: fp32 partials merged into the model dtype
+        compile_sm90(merge._merge_pair_kernel, {
+            "oa_ptr": f32, "ma_ptr": f32, "la_ptr": f32, "ia_ptr": "*i32" if has_idx else f32,
+            "ob_ptr": f32, "mb_ptr": f32, "lb_ptr": f32, "out_ptr": bf, "mo_ptr": f32,
+            "lo_ptr": f32}, {"HAS_IDX": has_idx, "STATE": flags["STATE"], "BR": 32,
+                             "BD": flags["D"]})
+
+
+def test_specfold_fast_path_attention_compiles(g=4, d=128):
+    """The three calls of specfold_plugin.fast_layers (Qwen3-8B heads): compact queries over the
+    prefix with an fp32 state, every row over its own block (no mask) with an fp32 state, dense
+    prefix + block."""
+    from kernels import attention
+    bf, f32 = "*bf16", "*fp32"
+    for prefix, block, state in ((True, False, True), (False, True, True), (True, True, False)):
+        out = f32 if state else bf
+        types = {"q_ptr": bf, "kc_ptr": bf, "vc_ptr": bf, "bt_ptr": "*i32", "plen_ptr": "*i32",
+                 "pvis_ptr": "*i32", "kb_ptr": bf, "vb_ptr": bf, "mask_ptr": "*i8",
+                 "out_ptr": out, "m_ptr": f32, "l_ptr": f32, "qk_scale": "fp32"}
+        consts = dict(PS=16, PREC="tf32", UPCAST=False, BM=64, BN=64, BD=d, G=g, D=d,
+                      HAS_PREFIX=prefix, HAS_PVIS=False, HAS_BLOCK=block, HAS_MASK=False,
+                      STATE=state)
+        k = compile_sm90(attention._branch_attn_kernel, types, consts)
+        assert k.metadata.shared <= 228 * 1024

@@ -1,0 +1,31 @@
+"""Backend choice of SpecFold's folded forward: bad values fail early with the field named (the
+kernel backend itself is tested in tests/kernels/test_fold_fast.py, under the interpreter)."""
+
+import pytest
+import torch
+
+from specfold_plugin.cli import main as specfold_main
+from specfold_plugin.fold_fast import CapacityPlanner
+from specfold_plugin.gate import gate
+from specfold_plugin.specfold import FoldedVerify
+from spiffy_plugin.errors import ConfigError
+
+
+def test_bad_backend_fails_early():
+    with pytest.raises(ConfigError, match="backend"):
+        FoldedVerify(0.1, backend="cuda")
+    with pytest.raises(ConfigError, match="gate_fn"):
+        FoldedVerify(0.1, gate_fn=lambda h, p, d: gate(h, p, d), backend="triton")
+    assert FoldedVerify(0.1, backend="triton").planner is not None
+    with pytest.raises(SystemExit):
+        specfold_main(["generate", "--model", "x", "--graph", "g.json", "--prompt", "a",
+                       "--backend", "cuda"])
+
+
+def test_capacity_planner_rounds_up_and_caps():
+    p = CapacityPlanner(granule=16, margin=0.125)
+    assert p.plan(3, 16, 2) == [(48, 48)] * 2  # nothing seen yet: every row
+    p.update(3, 16, torch.tensor([[[17, 20], [40, 3]], [[16, 16], [48, 47]]]))  # [2, 2, 2 req]
+    assert p.plan(3, 16, 2) == [(32, 48), (32, 48)]
+    with pytest.raises(ConfigError, match="margin"):
+        CapacityPlanner(margin=2)
