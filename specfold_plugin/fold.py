@@ -87,6 +87,17 @@ def folded_layer(
     return (mid + y[ftake]).view(k, n, d), len(rows), len(frows)
 
 
+def check_fold_args(blocks: torch.Tensor,  # [k, block_size]
+                    parents: list[int], delta: float, ffn_gate: str) -> float:
+    """The checks every folded forward makes; returns delta as a float."""
+    delta = check_delta(delta)
+    check_parents(parents)
+    require(ffn_gate in FFN_GATES, "ffn_gate", f"must be one of {FFN_GATES}, got {ffn_gate!r}")
+    k = blocks.shape[0]
+    require(len(parents) == k, "parents", f"needs one entry per block ({k}), got {len(parents)}")
+    return delta
+
+
 @torch.inference_mode()
 def folded_forward(
     runner: BlockDiffusionRunner,
@@ -98,11 +109,8 @@ def folded_forward(
     gate_fn: GateFn = gate,
 ) -> torch.Tensor:  # [k, block_size, vocab] fp32 logits (one NFE)
     """Score the branches like `runner.forward(empty, blocks)` with folding; caches nothing."""
-    delta = check_delta(delta)
-    check_parents(parents)
-    require(ffn_gate in FFN_GATES, "ffn_gate", f"must be one of {FFN_GATES}, got {ffn_gate!r}")
+    delta = check_fold_args(blocks, parents, delta, ffn_gate)
     k, n = blocks.shape
-    require(len(parents) == k, "parents", f"needs one entry per block ({k}), got {len(parents)}")
     require(n == runner.spec.block_size, "blocks", f"blocks of {runner.spec.block_size} tokens "
             f"expected, got {n}")
     base = runner.model.model

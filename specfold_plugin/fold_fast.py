@@ -19,8 +19,7 @@ from spiffy_plugin.errors import require
 from spiffy_plugin.runtime import BlockDiffusionRunner
 
 from .fast_layers import Batch, Prefix, logits_of, prepare, run_layers, runner_prefix
-from .fold import FFN_GATES
-from .gate import check_delta, check_parents
+from .fold import check_fold_args
 from .stats import FoldStats
 
 Caps = list[tuple[int, int]]  # [layers] (attention gate, FFN gate) compact rows per request
@@ -93,11 +92,8 @@ def folded_forward_fast(
 ) -> torch.Tensor:  # [k, block_size, vocab] fp32 logits (one NFE)
     """`fold.folded_forward` on the kernels: same arguments, same result (within fp32
     tolerance); `planner` sizes the compact batches (None: every row, i.e. no saving)."""
-    delta = check_delta(delta)
-    check_parents(parents)
-    require(ffn_gate in FFN_GATES, "ffn_gate", f"must be one of {FFN_GATES}, got {ffn_gate!r}")
+    delta = check_fold_args(blocks, parents, delta, ffn_gate)
     k, n = blocks.shape
-    require(len(parents) == k, "parents", f"needs one entry per block ({k}), got {len(parents)}")
     require(n == runner.spec.block_size, "blocks", f"blocks of {runner.spec.block_size} tokens "
             f"expected, got {n}")
     model = runner.model
