@@ -76,15 +76,21 @@ def fold_rows(
     return rows, take, fold
 
 
-def _count(plan: FoldPlan, qkv_fold: torch.Tensor, ffn_fold: torch.Tensor) -> None:
-    """Per-layer counters: recomputed rows of the whole forward and of each request."""
+def _count(plan: FoldPlan, qkv_fold: torch.Tensor, ffn_fold: torch.Tensor,  # [S, n] bool
+           qkv_rows: int, ffn_rows: int) -> None:
+    """Per-layer counters: recomputed rows of the whole forward (the compact batches' sizes,
+    already on the host) and of each request (one device-to-host read for all requests)."""
     layer = plan._layer
     if plan.stats is not None:
-        plan.stats.add_layer(layer, int((~qkv_fold).sum()), int((~ffn_fold).sum()), 0)
-    for g in plan.groups:
-        if g.stats is not None:
-            seqs = g.seqs.to(qkv_fold.device)
-            g.stats.add_layer(layer, int((~qkv_fold[seqs]).sum()), int((~ffn_fold[seqs]).sum()), 0)
+        plan.stats.add_layer(layer, qkv_rows, ffn_rows, 0)
+    counted = [g for g in plan.groups if g.stats is not None]
+    if counted:
+        dev = qkv_fold.device
+        per = torch.stack([torch.stack([(~qkv_fold[g.seqs.to(dev)]).sum(),
+                                        (~ffn_fold[g.seqs.to(dev)]).sum()])
+                           for g in counted]).tolist()  # [groups, 2]
+        for g, (q, f) in zip(counted, per):
+            g.stats.add_layer(layer, q, f, 0)
     if plan.record is not None:
         plan.record.append((qkv_fold.cpu(), ffn_fold.cpu()))
     plan._layer += 1
@@ -122,7 +128,7 @@ def folded_block(
         mid = residual_batch.written_residual(forward_batch)  # [S*n, d] FFN input stream
         frows, ftake, ffold = fold_rows(x if mid is None else mid, plan)
     y = layer.mlp(x[frows])[ftake]  # [S*n, d]
-    _count(plan, qfold, ffold)
+    _count(plan, qfold, ffold, len(rows), len(frows))
     return layer.ffn_boundary.finish(y, forward_batch)
 
 

@@ -69,8 +69,8 @@ def test_counters_per_forward_and_per_request():
         g.stats.add_forward(len(g.seqs) * 4, 4, 0)
     plan = FoldPlan(6, 4, 0.0, groups, stats=FoldStats(1))
     plan.stats.add_forward(24, 8, 0)
-    _, _, fold = fold_rows(h.reshape(24, -1), plan)
-    sglang_fold._count(plan, fold, fold)
+    rows, _, fold = fold_rows(h.reshape(24, -1), plan)
+    sglang_fold._count(plan, fold, fold, len(rows), len(rows))
     assert plan.layers_run == 1 and plan.stats.qkv_rows == [24 - int(fold.sum())]
     assert groups[0].stats.qkv_rows == [16 - int(fold[[0, 2, 3, 4]].sum())]
     assert groups[1].stats.fold_ratio("qkv", drafts_only=True) == 0.5  # 2 of 4 draft rows
