@@ -96,29 +96,38 @@ def copy_target_layers(drafter: DFlashDraftModel, target) -> None:
 
 def block_loss(drafter, target, ids, lengths, anchors, cfg: TrainConfig, mask_id: int,
                weights: torch.Tensor):
-    """Weighted block cross entropy of one micro-batch; also per-offset correct/total counts."""
+    """Weighted block cross entropy of one micro-batch; also per-offset correct/total counts.
+
+    Static shapes, no host sync: the target runs without its LM head (only hidden states are
+    needed), and the loss covers every (anchor, offset >= 1) row with weight 0 for inactive
+    anchors and positions past the sequence, instead of selecting rows with a boolean mask."""
+    b, a = anchors.shape
+    bs = cfg.block_size
     with torch.no_grad():
-        out = target(input_ids=ids, output_hidden_states=True)
-        feats = context_features(out.hidden_states, drafter.config.target_layer_ids)
-        block_ids, pos, labels, w = block_inputs(ids, lengths, anchors, cfg.block_size, mask_id,
-                                                 weights)
+        base = getattr(target, "model", target)  # the decoder without the LM head
+        hidden_states = base(input_ids=ids, output_hidden_states=True).hidden_states
+        feats = context_features(hidden_states, drafter.config.target_layer_ids)
+        block_ids, pos, labels, w = block_inputs(ids, lengths, anchors, bs, mask_id, weights)
         embeds = target.get_input_embeddings()(block_ids)
     if cfg.packed_attention == "dense":
-        ctx_pos = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
+        ctx_pos = torch.arange(ids.shape[1], device=ids.device)[None].expand(b, -1)
         hidden = drafter(embeds, pos, feats, ctx_pos, None,
-                         attn_mask=block_mask(anchors, cfg.block_size, ids.shape[1]))
+                         attn_mask=block_mask(anchors, bs, ids.shape[1]))
     else:
         hidden = drafter.forward_packed(embeds, pos, feats, anchors)
-    keep = w > 0
-    logits = target.get_output_embeddings()(hidden[keep].to(embeds.dtype)).float()
-    ce = torch.nn.functional.cross_entropy(logits, labels[keep], reduction="none")
-    loss = (ce * w[keep]).sum() / w[keep].sum()
-    offs = torch.arange(ids.shape[0] * anchors.shape[1] * cfg.block_size,
-                        device=ids.device).view(w.shape) % cfg.block_size
-    correct = torch.zeros(cfg.block_size, device=ids.device).index_add_(
-        0, offs[keep], (logits.argmax(-1) == labels[keep]).float())
-    total = torch.zeros(cfg.block_size, device=ids.device).index_add_(
-        0, offs[keep], torch.ones_like(ce))
+    # Offset 0 (the clean anchor) has no label: keep offsets 1..B-1 of every block.
+    rows = hidden.view(b, a, bs, -1)[:, :, 1:].reshape(b * a * (bs - 1), -1)
+    labels = labels.view(b, a, bs)[:, :, 1:].reshape(-1)
+    w = w.view(b, a, bs)[:, :, 1:].reshape(-1)
+    logits = target.get_output_embeddings()(rows.to(embeds.dtype)).float()
+    ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+    loss = (ce * w).sum() / w.sum().clamp_min(1e-12)
+    with torch.no_grad():
+        keep = (w > 0).view(b * a, bs - 1)
+        hit = (logits.argmax(-1) == labels).view(b * a, bs - 1) & keep
+        zero = torch.zeros(1, device=ids.device)
+        correct = torch.cat([zero, hit.sum(0).float()])
+        total = torch.cat([zero, keep.sum(0).float()])
     return loss, correct, total
 
 
@@ -128,7 +137,11 @@ def _step_batch(ds: TokenDataset, cfg: TrainConfig, step: int, micro: int, devic
     ids, lengths, plens = ds.batch(idx, cfg.max_seq_len)
     anchors = torch.stack([sample_anchors(int(p), int(n), cfg.num_anchors, gen)
                            for p, n in zip(plens, lengths)])
-    return ids.to(device), lengths.to(device), anchors.to(device)
+    n_tokens = int(lengths.sum())
+    if device.type == "cuda":  # pinned, so the copies do not wait for the queued steps
+        return (*(t.pin_memory().to(device, non_blocking=True) for t in (ids, lengths, anchors)),
+                n_tokens)
+    return ids.to(device), lengths.to(device), anchors.to(device), n_tokens
 
 
 def train(cfg: TrainConfig, target, device: str | torch.device = "cpu") -> dict:
@@ -153,7 +166,7 @@ def train(cfg: TrainConfig, target, device: str | torch.device = "cpu") -> dict:
         copy_target_layers(drafter, target)
     drafter = drafter.to(device).train()
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
-                            weight_decay=cfg.weight_decay)
+                            weight_decay=cfg.weight_decay, fused=device.type == "cuda")
     state_file = out / "trainer_state.pt"
     step, max_steps, history = 0, cfg.max_steps, []
     if state_file.is_file():
@@ -170,28 +183,36 @@ def train(cfg: TrainConfig, target, device: str | torch.device = "cpu") -> dict:
     # A wall-clock budget re-plans max_steps as it goes (so such runs resume, but not exactly).
     budget_s = cfg.time_budget_minutes * 60 if cfg.time_budget_minutes else None
     mark = (time.perf_counter(), step)
+    pending: list[torch.Tensor] = []  # [loss, grad_norm] per step, read in one transfer
+    correct = total = 0
+
+    def flush():  # the loop's only host syncs: every 50 steps, at log and save points
+        if pending:
+            history.extend(v[0] for v in torch.stack(pending).tolist())
+            pending.clear()
+
     while step < stop_at:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, max_steps, cfg.warmup_steps, cfg.lr, cfg.min_lr_ratio)
         opt.zero_grad(set_to_none=True)
-        correct = total = 0
-        loss_sum = 0.0
+        correct = total = loss_sum = 0
         for micro in range(cfg.grad_accum):
-            ids, lengths, anchors = _step_batch(ds, cfg, step, micro, device)
+            ids, lengths, anchors, n_tokens = _step_batch(ds, cfg, step, micro, device)
             with autocast:
                 loss, c, t = block_loss(drafter, target, ids, lengths, anchors, cfg,
                                         mask_id, weights)
             (loss / cfg.grad_accum).backward()
-            loss_sum += loss.item() / cfg.grad_accum
+            loss_sum = loss_sum + loss.detach().float() / cfg.grad_accum
             correct, total = correct + c, total + t
-            tokens += int(lengths.sum())
-        grad_norm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.clip).item()
+            tokens += n_tokens
+        grad_norm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.clip)
         opt.step()
         step += 1
-        history.append(loss_sum)
+        pending.append(torch.stack([loss_sum, grad_norm.float()]))
         if budget_s is not None and step % 50 == 0:
             # Re-plan the schedule's length from the recent step time (warm-up and contention
             # make early estimates wrong); the cosine horizon converges as the budget runs out.
+            flush()
             now = time.perf_counter()
             per_step = (now - mark[0]) / (step - mark[1])
             left = budget_s - (now - t_start)
@@ -199,16 +220,20 @@ def train(cfg: TrainConfig, target, device: str | torch.device = "cpu") -> dict:
             stop_at = max_steps if run_limit is None else min(max_steps, run_limit)
             mark = (now, step)
             bar.total = max_steps
-        elapsed = time.perf_counter() - t_start
-        last = {"loss": loss_sum, "grad_norm": grad_norm,
-                "acc_per_offset": (correct / total.clamp_min(1)).tolist()}
         bar.update(1)
         if step % cfg.log_every == 0 or step == max_steps:
-            bar.set_postfix(loss=f"{loss_sum:.3f}", tok_s=f"{tokens / elapsed:,.0f}")
+            flush()
+            elapsed = time.perf_counter() - t_start
+            bar.set_postfix(loss=f"{history[-1]:.3f}", tok_s=f"{tokens / elapsed:,.0f}")
         if step % cfg.save_every == 0 or step == stop_at:
+            flush()
             torch.save({"model": drafter.state_dict(), "optimizer": opt.state_dict(),
                         "step": step, "max_steps": max_steps, "history": history}, state_file)
             save_drafter(drafter, out / f"checkpoint-{step}")
+    flush()
+    if isinstance(total, torch.Tensor):  # this run took at least one step
+        last = {"loss": history[-1], "grad_norm": float(grad_norm),
+                "acc_per_offset": (correct / total.clamp_min(1)).tolist()}
     bar.close()
     save_drafter(drafter, out)
     tail = history[-50:]

@@ -15,7 +15,8 @@ from dflash_plugin.training.anchors import (
     sample_anchors,
 )
 from dflash_plugin.training.data import TokenDataset, load_prompts_jsonl, save_shard
-from dflash_plugin.training.trainer import TrainConfig, train
+from dflash_plugin.target import context_features
+from dflash_plugin.training.trainer import TrainConfig, block_loss, train
 from tests.conftest import MASK_ID, greedy_reference, tiny_target
 
 
@@ -171,6 +172,49 @@ def test_packed_forward_equals_dense_block_mask(qwen3_target):
                         attn_mask=block_mask(anchors, bs, L))
         packed = drafter.forward_packed(emb, pos, ctx, anchors)
     torch.testing.assert_close(packed, dense, rtol=1e-5, atol=1e-5)
+
+
+def test_block_loss_equals_naive_per_block_loss(qwen3_target):
+    """The static-shape loss (all rows, zero weights) equals a per-block loop that runs each block
+    alone over the context before its anchor and sums only labelled offsets; counts likewise."""
+    bs = 4
+    cfg = config_for_target(qwen3_target.config, num_layers=2, block_size=bs,
+                            mask_token_id=MASK_ID)
+    drafter = init_drafter(cfg, seed=3, std=0.1)
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 60, (2, 14), generator=gen)
+    lengths = torch.tensor([14, 9])
+    anchors = torch.tensor([[4, 11, 12], [2, 6, -1]])  # 11, 12 run past the end; -1 inactive
+    w_k = loss_weights(bs, 2.0)
+    tc = TrainConfig(data=["x"], out="x", block_size=bs, num_anchors=3, packed_attention="dense")
+    with torch.no_grad():
+        loss, correct, total = block_loss(drafter, qwen3_target, ids, lengths, anchors, tc,
+                                          MASK_ID, w_k)
+        feats = context_features(qwen3_target(input_ids=ids, output_hidden_states=True)
+                                 .hidden_states, cfg.target_layer_ids)
+        emb = qwen3_target.get_input_embeddings()
+        head = qwen3_target.get_output_embeddings()
+        num = den = 0.0
+        ref_correct, ref_total = torch.zeros(bs), torch.zeros(bs)
+        for r in range(2):
+            for anchor in anchors[r].tolist():
+                if anchor < 0:
+                    continue
+                blk = torch.tensor([ids[r, anchor].item()] + [MASK_ID] * (bs - 1))
+                pos = torch.arange(anchor, anchor + bs)[None]
+                h = drafter(emb(blk)[None], pos, feats[r:r + 1, :anchor],
+                            torch.arange(anchor)[None], None)
+                logits = head(h)[0]
+                for k in range(1, bs):
+                    if anchor + k >= lengths[r]:
+                        continue
+                    label = ids[r, anchor + k]
+                    ce = torch.nn.functional.cross_entropy(logits[k], label)
+                    num, den = num + w_k[k] * ce, den + w_k[k]
+                    ref_total[k] += 1
+                    ref_correct[k] += float(logits[k].argmax() == label)
+    torch.testing.assert_close(loss, num / den, rtol=1e-4, atol=1e-5)
+    assert torch.equal(total, ref_total) and torch.equal(correct, ref_correct)
 
 
 def test_packed_attention_modes_train_identically(tiny_data, tmp_path):
