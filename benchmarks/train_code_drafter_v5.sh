@@ -5,8 +5,10 @@
 # (T = 1, `generate`), then a 3-layer drafter initialised from the target's top layers trains for
 # TRAIN_MINUTES; tau at B = 16 / 8 and T = 0 / 1 for it and for prompt lookup. Run from the root:
 #   WORK=/tmp/dflash-train OUT=/tmp/out bash benchmarks/train_code_drafter_v5.sh
-# Pass 5 ran with the defaults. A longer run inside the budget, e.g. TRAIN_MINUTES=14 PER_FILE=8
-# GREEDY_SECONDS=300 T1_SHARD=1024 (sampled shards small enough to finish in T1_SECONDS).
+# Pass 5 ran with the defaults. TOTAL_MINUTES=15 instead gives training whatever the data steps
+# left of 15 minutes (pass 6: NAME=v6 TOTAL_MINUTES=15 GREEDY_SECONDS=240 GEN_BATCH=1024 PER_FILE=8
+# T1_SECONDS=0, the sync-free trainer). T1_SECONDS=0 skips the sampled (T = 1) data; sampled shards
+# need to be small enough (T1_SHARD) to finish in T1_SECONDS.
 # CPU smoke run of the plumbing (minutes, meaningless numbers):
 #   DEVICE=cpu DTYPE=float32 MAX_PROMPTS=48 GREEDY_SECONDS=120 T1_PROMPTS=16 TRAIN_MINUTES=0.3 \
 #   BATCH=4 GEN_BATCH=16 SHARD=16 EVAL_LIMIT=2 EVAL_TOKENS=32 WORK=/tmp/v5 OUT=/tmp/v5/out \
@@ -18,6 +20,7 @@ DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bfloat16}
 TARGET=examples/fixtures/code-target
 TRAIN_MINUTES=${TRAIN_MINUTES:-11}
+NAME=${NAME:-v5}  # names the drafter folder, logs and the acceptance file
 SHARD=${SHARD:-4096}
 mkdir -p "$WORK" "$OUT"
 PY=${PY:-python3}
@@ -25,6 +28,7 @@ STDLIB=$($PY -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
 SITE=$($PY -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/steps.log"; }
 log "corpus: $STDLIB $SITE"
+T_START=$(date +%s)
 
 make_data() {  # seconds, out folder, extra args
     local secs=$1 dir=$2; shift 2
@@ -41,7 +45,7 @@ if ! ls "$WORK"/data-greedy/shard-* > /dev/null 2>&1; then
     make_data 150 "$WORK/data-greedy-hf" --prompts-per-file 3 --max-prompts 65536 \
         --batch-size 4096 --seed 20 > "$OUT/make-data-greedy-hf.log" 2>&1
 fi
-make_data "${T1_SECONDS:-60}" "$WORK/data-t1" --prompts-per-file 1 --temperature 1.0 \
+[ "${T1_SECONDS:-60}" -gt 0 ] && make_data "${T1_SECONDS:-60}" "$WORK/data-t1" --prompts-per-file 1 --temperature 1.0 \
     --max-prompts "${T1_PROMPTS:-8192}" --batch-size "${GEN_BATCH:-1024}" --seed 21 \
     --shard-size "${T1_SHARD:-$SHARD}" \
     > "$OUT/make-data-t1.log" 2>&1
@@ -51,19 +55,22 @@ for d in data-greedy data-greedy-hf data-t1; do
     ls "$WORK/$d"/shard-* > /dev/null 2>&1 && DATA+=("$WORK/$d")
 done
 
+if [ -n "${TOTAL_MINUTES:-}" ]; then  # data time counts against the whole budget
+    TRAIN_MINUTES=$($PY -c "print(round($TOTAL_MINUTES - ($(date +%s) - $T_START) / 60, 2))")
+fi
 log "training from the target's top layers for $TRAIN_MINUTES min on ${DATA[*]}"
 $PY -m dflash_plugin.cli train --target $TARGET --data "${DATA[@]}" --block-size 16 --gamma 7 \
     --num-anchors 64 --max-seq-len 1024 --device "$DEVICE" --log-every 100 --num-layers 3 \
     --init-from-target --batch-size "${BATCH:-64}" --lr "${LR:-1.2e-3}" --warmup-steps 200 \
     --max-steps 1000000 --save-every 1000000 --time-budget-minutes "$TRAIN_MINUTES" \
-    --packed-attention dense --seed 5 --out "$WORK/v5-L3" > "$OUT/train-v5-L3.log" 2>&1
-log "trained: $(grep -o '"final_loss": [0-9.]*' "$OUT/train-v5-L3.log")"
-mkdir -p "$OUT/v5-L3"
-cp "$WORK"/v5-L3/{config.json,model.safetensors,summary.json} "$OUT/v5-L3/"
+    --packed-attention dense --seed 5 --out "$WORK/$NAME-L3" > "$OUT/train-$NAME-L3.log" 2>&1
+log "trained: $(grep -o '"final_loss": [0-9.]*' "$OUT/train-$NAME-L3.log")"
+mkdir -p "$OUT/$NAME-L3"
+cp "$WORK/$NAME-L3"/{config.json,model.safetensors,summary.json} "$OUT/$NAME-L3/"
 $PY benchmarks/acceptance.py --target $TARGET --ngram --prompts examples/fixtures/dev-prompts.jsonl \
-    --drafter L3v5="$WORK/v5-L3" \
+    --drafter "L3$NAME=$WORK/$NAME-L3" \
     --max-new-tokens "${EVAL_TOKENS:-256}" --block-sizes 16 8 --temperatures 0 1 \
     --limit "${EVAL_LIMIT:-64}" --batch-size 64 --device "$DEVICE" --dtype "$DTYPE" \
-    --out "$OUT/acceptance-v5-gpu.json" > "$OUT/acceptance-v5.log" 2>&1
+    --out "$OUT/acceptance-$NAME-gpu.json" > "$OUT/acceptance-$NAME.log" 2>&1
 log "acceptance done"
 echo done > "$OUT/DONE"
