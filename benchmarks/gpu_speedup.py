@@ -35,7 +35,7 @@ from plot_speedup import plot  # noqa: E402
 from dflash_plugin.checkpoint import load_drafter  # noqa: E402
 from dflash_plugin.cli import load_target  # noqa: E402
 from dflash_plugin.fast import build_decoder, fast_generate  # noqa: E402
-from dflash_plugin.fast.qwen3 import compile_pointwise  # noqa: E402
+from dflash_plugin.fast.loop import compile_steps  # noqa: E402
 from dflash_plugin.generate import speculative_generate  # noqa: E402
 from dflash_plugin.proposers import DFlashProposer  # noqa: E402
 from dflash_plugin.training.data import load_prompts_jsonl  # noqa: E402
@@ -151,12 +151,13 @@ def main() -> None:
     p.add_argument("--skip-8b", action="store_true")
     p.add_argument("--device", default="cuda", help="cpu: a slow fp32 smoke test of the script")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile our elementwise ops (fast.qwen3.compile_pointwise)")
+                   help="torch.compile our elementwise ops and the acceptance step "
+                   "(fast.loop.compile_steps)")
     p.add_argument("--attention", default="auto", choices=["auto", "sdpa", "triton"],
                    help="attention backend of our runtime's steps (fast/attention.py)")
     args = p.parse_args()
     if args.compile:
-        compile_pointwise()
+        compile_steps()
     global DEVICE
     DEVICE = args.device
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32

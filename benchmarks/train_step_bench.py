@@ -37,8 +37,8 @@ def sync(device) -> None:
 def run_variant(module, target, data, out, batch, steps, warm_steps, device):
     cfg = dict(data=data, num_layers=3, block_size=16, gamma=7.0, num_anchors=64,
                max_seq_len=1024, batch_size=batch, lr=1.2e-3, warmup_steps=10,
-               init_from_target=True, packed_attention="dense", seed=5, mask_token_id=2, save_every=10**9,
-               log_every=10**9)
+               init_from_target=True, packed_attention="dense", seed=5, mask_token_id=2,
+               save_every=10**9, log_every=10**9)
     module.train(module.TrainConfig(out=str(out / "warm"), max_steps=warm_steps, **cfg),
                  target, device)
     sync(device)

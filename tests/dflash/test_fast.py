@@ -10,6 +10,7 @@ from dflash_plugin.fast import build_decoder, fast_generate, supports
 from dflash_plugin.fast.attention import plan, resolve_backend
 from dflash_plugin.fast.cache import StaticKVCache
 from dflash_plugin.fast.drafter import context_write, draft_block
+from dflash_plugin.fast.loop import accept_round, compile_steps
 from dflash_plugin.fast.qwen3 import target_forward
 from dflash_plugin.generate import speculative_generate
 from dflash_plugin.ngram import NgramProposer
@@ -136,6 +137,34 @@ def test_ngram_and_plain_ar(pair):
         r.round_tokens for r in ref.metrics.requests]
 
 
+def _accept_state(seed, b=5, q=8, slots=40):
+    g = torch.Generator().manual_seed(seed)
+    tgt = torch.randint(0, 4, (b, q), generator=g)
+    drf = torch.randint(0, 4, (b, q - 1), generator=g)
+    drf[0] = tgt[0, :-1]  # row 0 accepts the whole block
+    z = dict(dtype=torch.long)
+    return [tgt, drf, torch.tensor([3, -1, -1]), torch.tensor(20),
+            torch.zeros(b, slots + 1, **z), torch.randint(1, 18, (b,), generator=g),
+            torch.zeros(b, **z), torch.randint(5, 9, (b,), generator=g),
+            torch.tensor([False, False, True, False, False]), torch.zeros(12, 3, b, **z),
+            torch.tensor([4])]
+
+
+def test_compiled_accept_equals_eager():
+    """`compile_steps` swaps in a torch.compile'd acceptance step: its in-place updates of the
+    decoder state (output buffer, lengths, anchor, done, history) must equal the eager ones,
+    including stop tokens (3), max_new caps (20), finished rows and full accepts."""
+    compiled = torch.compile(accept_round, dynamic=True)
+    for seed in range(3):
+        eager, comp = _accept_state(seed), _accept_state(seed)
+        accept_round(*eager)
+        compiled(*comp)
+        for name, a, b in zip(["tgt", "drf", "stops", "max_new", "out_buf", "out_len", "anchor",
+                               "lengths", "done", "history", "round_idx"], eager, comp):
+            assert torch.equal(a, b), (seed, name)
+        assert not torch.equal(eager[5], _accept_state(seed)[5])  # the step changed the state
+
+
 def test_unsupported_and_bad_input(pair, llama_target):
     target, drafter = pair
     assert supports(target) and not supports(llama_target)
@@ -167,8 +196,9 @@ def test_cuda_graphs_match_eager_and_cpu(pair, attention):
     expected = greedy_reference(target, PROMPTS, 40)
     tgt, drf = tiny_target().cuda(), drafter.to("cuda")
     try:
-        for graphs in (False, True):
-            dec = build_decoder(tgt, drf, batch=4, max_len=64, graphs=graphs,
+        for graphs in (False, True, "compiled"):
+            compile_steps(graphs == "compiled")
+            dec = build_decoder(tgt, drf, batch=4, max_len=64, graphs=bool(graphs),
                                 attention=attention)
             res = fast_generate(dec, PROMPTS, block_size=8, max_new_tokens=40, profile=True)
             assert res.tokens == expected
@@ -183,4 +213,5 @@ def test_cuda_graphs_match_eager_and_cpu(pair, attention):
                                 proposer=proposer)
             assert res.tokens == expected
     finally:
+        compile_steps(False)
         drafter.to("cpu")

@@ -8,6 +8,7 @@ import torch
 
 from dflash_plugin.checkpoint import config_for_target, init_drafter, save_drafter
 from dflash_plugin.errors import ConfigError, validated
+from dflash_plugin.target import context_features
 from dflash_plugin.training.anchors import (
     block_inputs,
     block_mask,
@@ -15,7 +16,6 @@ from dflash_plugin.training.anchors import (
     sample_anchors,
 )
 from dflash_plugin.training.data import TokenDataset, load_prompts_jsonl, save_shard
-from dflash_plugin.target import context_features
 from dflash_plugin.training.trainer import TrainConfig, block_loss, train
 from tests.conftest import MASK_ID, greedy_reference, tiny_target
 
