@@ -35,7 +35,8 @@ from plot_speedup import plot  # noqa: E402
 from dflash_plugin.checkpoint import load_drafter  # noqa: E402
 from dflash_plugin.cli import load_target  # noqa: E402
 from dflash_plugin.fast import build_decoder, fast_generate  # noqa: E402
-from dflash_plugin.fast.loop import compile_steps  # noqa: E402
+from dflash_plugin.fast.graphs import time_step  # noqa: E402
+from dflash_plugin.fast.loop import accept_round, compile_steps  # noqa: E402
 from dflash_plugin.generate import speculative_generate  # noqa: E402
 from dflash_plugin.proposers import DFlashProposer  # noqa: E402
 from dflash_plugin.training.data import load_prompts_jsonl  # noqa: E402
@@ -108,6 +109,16 @@ def run_ours(dec, prompts, batch, block, proposer, max_new, profile=False) -> di
         out["split_seconds"] = {"draft": draft_s, "verify": verify_s, "prefill": pre,
                                 "overhead": total - pre - draft_s - verify_s}
     return out
+
+
+def accept_times(dec, q: int) -> dict:
+    """Graph-timed acceptance step, eager and compiled (`fast.loop.accept_round`). Every row is
+    marked finished first, so the step commits nothing and can be repeated (same kernels)."""
+    dec.done.fill_(True)
+    args = dec.accept_args(q)
+    compiled = torch.compile(accept_round, dynamic=True)
+    return {"accept_eager_ms": time_step(lambda: accept_round(*args), dec.device),
+            "accept_compiled_ms": time_step(lambda: compiled(*args), dec.device)}
 
 
 def zlab_module():
@@ -343,7 +354,8 @@ def main() -> None:
                               "round_ms": row["round_ms"], "round_over_isolated":
                               row["round_ms"] / iso, "tau": row["tau"],
                               "projected_speedup": proj, "measured_speedup": sp,
-                              "measured_over_projected": sp / proj}
+                              "measured_over_projected": sp / proj,
+                              **accept_times(decoder("dflash", 1), block)}
             print(f"  B{block}: {o[f'B{block}']}")
     attempt(R, "round overhead", overhead)
 

@@ -7,8 +7,10 @@
 #   WORK=/tmp/dflash-train OUT=/tmp/out bash benchmarks/train_code_drafter_v5.sh
 # Pass 5 ran with the defaults. TOTAL_MINUTES=15 instead gives training whatever the data steps
 # left of 15 minutes (pass 6: NAME=v6 TOTAL_MINUTES=15 GREEDY_SECONDS=240 GEN_BATCH=1024 PER_FILE=8
-# T1_SECONDS=0, the sync-free trainer). T1_SECONDS=0 skips the sampled (T = 1) data; sampled shards
-# need to be small enough (T1_SHARD) to finish in T1_SECONDS.
+# T1_SECONDS=0, the sync-free trainer). T1_SECONDS=0 skips the sampled (T = 1) data; sampled
+# shards need to be small enough (T1_SHARD) to finish in T1_SECONDS. NUM_LAYERS sets the drafter
+# depth (the folder keeps the name NAME-L3); COMPILE=1 compiles the drafter's elementwise ops
+# (`dflash train --compile`).
 # CPU smoke run of the plumbing (minutes, meaningless numbers):
 #   DEVICE=cpu DTYPE=float32 MAX_PROMPTS=48 GREEDY_SECONDS=120 T1_PROMPTS=16 TRAIN_MINUTES=0.3 \
 #   BATCH=4 GEN_BATCH=16 SHARD=16 EVAL_LIMIT=2 EVAL_TOKENS=32 WORK=/tmp/v5 OUT=/tmp/v5/out \
@@ -60,10 +62,10 @@ if [ -n "${TOTAL_MINUTES:-}" ]; then  # data time counts against the whole budge
 fi
 log "training from the target's top layers for $TRAIN_MINUTES min on ${DATA[*]}"
 $PY -m dflash_plugin.cli train --target $TARGET --data "${DATA[@]}" --block-size 16 --gamma 7 \
-    --num-anchors 64 --max-seq-len 1024 --device "$DEVICE" --log-every 100 --num-layers 3 \
+    --num-anchors 64 --max-seq-len 1024 --device "$DEVICE" --log-every 100 --num-layers "${NUM_LAYERS:-3}" \
     --init-from-target --batch-size "${BATCH:-64}" --lr "${LR:-1.2e-3}" --warmup-steps 200 \
     --max-steps 1000000 --save-every 1000000 --time-budget-minutes "$TRAIN_MINUTES" \
-    --packed-attention dense --seed 5 --out "$WORK/$NAME-L3" > "$OUT/train-$NAME-L3.log" 2>&1
+    --packed-attention dense --seed 5 ${COMPILE:+--compile} --out "$WORK/$NAME-L3" > "$OUT/train-$NAME-L3.log" 2>&1
 log "trained: $(grep -o '"final_loss": [0-9.]*' "$OUT/train-$NAME-L3.log")"
 mkdir -p "$OUT/$NAME-L3"
 cp "$WORK/$NAME-L3"/{config.json,model.safetensors,summary.json} "$OUT/$NAME-L3/"

@@ -4,10 +4,12 @@
         --old dflash_plugin.training.trainer_e3a12f7                     # H200
 where the old module is written first with
     git show e3a12f7:dflash_plugin/training/trainer.py > dflash_plugin/training/trainer_e3a12f7.py
-Each variant runs `train()` twice in one process on the same data (the first, --warm-steps long,
-warms kernels and the allocator) and reports the second run's sequence tokens/s and ms/step (the
-same tokens/s the training log prints). Then a torch profiler table (top CUDA kernels) of a few
-steps of this checkout's `block_loss` + backward. Results: DIR/train_step.json and profile.txt.
+Variants: the old trainer, and this checkout's at each batch size without and with `compile`
+(compiled elementwise ops). Each variant runs `train()` twice in one process on the same data
+(the first, --warm-steps long, warms kernels and the allocator) and reports the second run's
+sequence tokens/s and ms/step (the same tokens/s the training log prints). Then a torch profiler
+table (top CUDA kernels) of a few steps of this checkout's `block_loss` + backward. Results:
+DIR/train_step.json and profile.txt.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def run_variant(module, target, data, out, batch, steps, warm_steps, device):
-    cfg = dict(data=data, num_layers=3, block_size=16, gamma=7.0, num_anchors=64,
+def run_variant(module, target, data, out, batch, steps, warm_steps, device, compile=False):
+    extra = {"compile": True} if compile else {}  # older trainers have no such field
+    cfg = dict(**extra, data=data, num_layers=3, block_size=16, gamma=7.0, num_anchors=64,
                max_seq_len=1024, batch_size=batch, lr=1.2e-3, warmup_steps=10,
                init_from_target=True, packed_attention="dense", seed=5, mask_token_id=2,
                save_every=10**9, log_every=10**9)
@@ -45,7 +48,7 @@ def run_variant(module, target, data, out, batch, steps, warm_steps, device):
     summary = module.train(module.TrainConfig(out=str(out / "timed"), max_steps=steps, **cfg),
                            target, device)
     sec = summary["seconds_this_run"]
-    return {"module": module.__name__, "batch": batch, "steps": steps,
+    return {"module": module.__name__, "batch": batch, "compile": compile, "steps": steps,
             "ms_per_step": 1000 * sec / steps,
             "tokens_per_s": summary["tokens_per_second_this_run"],
             "final_loss": summary["final_loss"]}
@@ -96,6 +99,8 @@ def main() -> int:
     p.add_argument("--old", default=None, help="module of an older trainer to compare")
     p.add_argument("--batches", type=int, nargs="+", default=[64, 128])
     p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--compile", type=int, nargs="+", default=[0, 1],
+                   help="this checkout's trainer without (0) / with (1) compiled pointwise ops")
     p.add_argument("--warm-steps", type=int, default=10)
     p.add_argument("--device", default="cuda")
     a = p.parse_args()
@@ -106,16 +111,18 @@ def main() -> int:
     target.requires_grad_(False)
     rows = []
     modules = ([importlib.import_module(a.old)] if a.old else []) + [current]
-    for module in modules:
-        for batch in ([a.batches[0]] if module is not current else a.batches):
-            with tempfile.TemporaryDirectory() as tmp:
-                try:
-                    rows.append(run_variant(module, target, a.data, Path(tmp), batch, a.steps,
-                                            a.warm_steps, a.device))
-                except Exception as err:  # report and go on
-                    rows.append({"module": module.__name__, "batch": batch, "error": repr(err)})
-            print(json.dumps(rows[-1]), flush=True)
-            (out / "train_step.json").write_text(json.dumps(rows, indent=2))
+    variants = [(m, b, False) for m in modules[:-1] for b in a.batches[:1]]
+    variants += [(current, b, c) for c in a.compile for b in a.batches]
+    for module, batch, comp in variants:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                rows.append(run_variant(module, target, a.data, Path(tmp), batch, a.steps,
+                                        a.warm_steps, a.device, bool(comp)))
+            except Exception as err:  # report and go on
+                rows.append({"module": module.__name__, "batch": batch, "compile": bool(comp),
+                             "error": repr(err)})
+        print(json.dumps(rows[-1]), flush=True)
+        (out / "train_step.json").write_text(json.dumps(rows, indent=2))
     try:
         text = profile_steps(target, a.data, a.device, a.batches[0])
     except Exception as err:

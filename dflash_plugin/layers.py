@@ -20,7 +20,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
-        return rms_norm(x, self.weight, self.eps)
+        return _ops["rms_norm"](x, self.weight, self.eps)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [..., dim]
@@ -40,7 +40,11 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(_ops["silu_mul"](self.gate_proj(x), self.up_proj(x)))
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
 
 
 def rope_cos_sin(
@@ -65,3 +69,19 @@ def apply_rope(
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+def rope_op(x, cos, sin):  # the dispatching form of `apply_rope` (see `compile_pointwise`)
+    return _ops["apply_rope"](x, cos, sin)
+
+
+POINTWISE = {"rms_norm": rms_norm, "silu_mul": silu_mul, "apply_rope": apply_rope}
+_ops = dict(POINTWISE)  # what the drafter's modules call
+
+
+def compile_pointwise(enabled: bool = True) -> None:
+    """Opt-in (training: `TrainConfig.compile`): run the drafter's elementwise pieces through
+    `torch.compile` (one fused kernel per piece, forward and backward, instead of several eager
+    ones with fp32 round trips). Same math; `False` restores eager."""
+    for name, fn in POINTWISE.items():
+        _ops[name] = torch.compile(fn, dynamic=True) if enabled else fn

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from .config import DFlashConfig
 from .draft_cache import DraftKVCache
-from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
+from .layers import RMSNorm, SwiGLU, rope_cos_sin, rope_op
 
 
 class DraftAttention(nn.Module):
@@ -40,7 +40,7 @@ class DraftAttention(nn.Module):
         b, s, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(k, *rope), v
+        return rope_op(k, *rope), v
 
     def forward(
         self,
@@ -52,7 +52,7 @@ class DraftAttention(nn.Module):
     ) -> torch.Tensor:  # [batch, block, hidden]
         b, s, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, s, self.num_heads, self.head_dim)).transpose(1, 2)
-        q = apply_rope(q, *rope)
+        q = rope_op(q, *rope)
         k_blk, v_blk = self.project_kv(x, rope)
         k = torch.cat([ctx_k, k_blk], dim=2)
         v = torch.cat([ctx_v, v_blk], dim=2)

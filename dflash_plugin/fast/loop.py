@@ -129,10 +129,14 @@ class FastDecoder:
         if self.drafter is not None:
             context_write(self.drafter, self.dcache, self.drope, feats, positions)
 
+    def accept_args(self, q: int) -> tuple:
+        """The arguments of `accept_round` for a block of q tokens (persistent tensors)."""
+        return (self.target_ids[:, :q], self.draft_ids[:, :q - 1], self.stops, self.max_new,
+                self.out_buf, self.out_len, self.anchor, self.tcache.lengths, self.done,
+                self.history, self.round_idx)
+
     def _accept(self, q: int) -> None:
-        _accept_impl["fn"](self.target_ids[:, :q], self.draft_ids[:, :q - 1], self.stops,
-                           self.max_new, self.out_buf, self.out_len, self.anchor,
-                           self.tcache.lengths, self.done, self.history, self.round_idx)
+        _accept_impl["fn"](*self.accept_args(q))
 
     def _state(self):
         return [self.out_buf, self.out_len, self.anchor, self.tcache.lengths, self.done,

@@ -82,5 +82,7 @@ def add_parsers(sub, default_device: str) -> None:
         t.add_argument(f"--{name}", type=typ, default=None)
     t.add_argument("--init-from-target", action="store_true", default=None)
     t.add_argument("--packed-attention", choices=["expand", "dense"], default=None)
+    t.add_argument("--compile", action="store_true", default=None,
+                   help="torch.compile the drafter's elementwise ops (faster on GPU)")
     t.add_argument("--device", default=default_device)
     t.set_defaults(func=cmd_train)

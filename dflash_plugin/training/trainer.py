@@ -27,6 +27,7 @@ from ..checkpoint import (
 )
 from ..config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from ..errors import require
+from ..layers import compile_pointwise
 from ..model import DFlashDraftModel
 from ..target import context_features
 from .anchors import block_inputs, block_mask, loss_weights, lr_at, sample_anchors
@@ -63,6 +64,8 @@ class TrainConfig(BaseModel):
     # context K/V (L + B keys per block); "dense" runs every block's queries over the row's
     # context K/V once plus all block K/V, under the block mask (A*B x (L + A*B) scores).
     packed_attention: Literal["expand", "dense"] = "expand"
+    # torch.compile the drafter's elementwise pieces (RMSNorm, RoPE, SiLU x up) for this run
+    compile: bool = False
 
     @field_validator("gamma")
     @classmethod
@@ -146,6 +149,14 @@ def _step_batch(ds: TokenDataset, cfg: TrainConfig, step: int, micro: int, devic
 
 def train(cfg: TrainConfig, target, device: str | torch.device = "cpu") -> dict:
     """Train (or resume) a drafter; returns the summary also written to `out/summary.json`."""
+    compile_pointwise(cfg.compile)
+    try:
+        return _train(cfg, target, device)
+    finally:
+        compile_pointwise(False)
+
+
+def _train(cfg: TrainConfig, target, device) -> dict:
     device = torch.device(device)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
