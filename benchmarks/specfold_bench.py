@@ -23,6 +23,7 @@ import statistics
 import time
 import traceback
 from datetime import date
+from itertools import product
 from pathlib import Path
 
 import torch
@@ -56,7 +57,8 @@ def time_ms(fn, dev, iters: int, warmup: int = 3) -> float:
     return statistics.median(out)
 
 
-def run_e2e(model, evals, graph, deltas, ffn_gates, max_new, dev, log):
+def run_e2e(model, evals, graph, deltas, ffn_gates, max_new, dev, log,
+            backends=("torch",)):
     rows, params = [], DecodeParams()
 
     def timed(name, fn):
@@ -78,29 +80,30 @@ def run_e2e(model, evals, graph, deltas, ffn_gates, max_new, dev, log):
                  "seconds": round(sec, 2), "tokens_per_s": round(ntok / sec, 1)})
     log(rows[-1])
     bs = dllm_spec(model.config).block_size
-    for ffn_gate in ffn_gates:
-        for delta in deltas:
-            try:
-                got, sec = timed("specfold", lambda x, d=delta, f=ffn_gate: specfold_generate(
-                    model, x, graph, params, max_new, delta=d, ffn_gate=f))
-                stats = FoldStats(model.config.num_hidden_layers)
-                for r in got:
-                    if r.fold is not None:
-                        stats.merge(r.fold)
-                agree = [token_agreement(r.tokens, t) for r, t in zip(got, ref)]
-                toks = sum(len(r.tokens) for r in got)
-                rows.append({"decoder": "specfold", "delta": delta, "ffn_gate": ffn_gate,
-                             "nfe": sum(r.nfe for r in got), "tokens": toks,
-                             "agreement": round(sum(a for a, _ in agree) / sum(b for _, b in agree),
-                                                4),
-                             "identical_prompts": sum(r.tokens == t for r, t in zip(got, ref)),
-                             "prompts": len(got), **stats.summary(),
-                             "projected_flop_saving": projected_flops(model.config, stats,
-                                                                      bs)["saving"],
-                             "seconds": round(sec, 2), "tokens_per_s": round(toks / sec, 1)})
-                log(rows[-1])
-            except Exception:  # noqa: BLE001 - report and go on
-                traceback.print_exc()
+    for backend, ffn_gate, delta in product(backends, ffn_gates, deltas):
+        try:
+            got, sec = timed("specfold", lambda x, d=delta, f=ffn_gate, be=backend:
+                             specfold_generate(model, x, graph, params, max_new, delta=d,
+                                               ffn_gate=f, backend=be))
+            stats = FoldStats(model.config.num_hidden_layers)
+            for r in got:
+                if r.fold is not None:
+                    stats.merge(r.fold)
+            agree = [token_agreement(r.tokens, t) for r, t in zip(got, ref)]
+            toks = sum(len(r.tokens) for r in got)
+            rows.append({"decoder": "specfold", "backend": backend, "delta": delta,
+                         "ffn_gate": ffn_gate,
+                         "nfe": sum(r.nfe for r in got), "tokens": toks,
+                         "agreement": round(sum(a for a, _ in agree) / sum(b for _, b in agree),
+                                            4),
+                         "identical_prompts": sum(r.tokens == t for r, t in zip(got, ref)),
+                         "prompts": len(got), **stats.summary(),
+                         "projected_flop_saving": projected_flops(model.config, stats,
+                                                                  bs)["saving"],
+                         "seconds": round(sec, 2), "tokens_per_s": round(toks / sec, 1)})
+            log(rows[-1])
+        except Exception:  # noqa: BLE001 - report and go on
+            traceback.print_exc()
     return rows
 
 
@@ -263,6 +266,8 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=5, help="decoding states timed per D*")
     p.add_argument("--layers-8b", type=int, default=36)
     p.add_argument("--context-8b", type=int, default=1024)
+    p.add_argument("--backends", nargs="+", default=["torch"], choices=["torch", "triton"],
+                   help="SpecFold's verify backends in the e2e section")
     p.add_argument("--out", required=True, help="folder for specfold.json")
     a = p.parse_args()
     dev = torch.device(a.device)
@@ -288,7 +293,7 @@ def main() -> None:
     result["graph_nodes"] = len(graph.nodes)
     if "e2e" in a.sections:
         result["e2e"] = run_e2e(model, evals, graph, a.deltas, a.ffn_gates, a.max_new_tokens,
-                                dev, log)
+                                dev, log, a.backends)
         save()
     if "steps" in a.sections:
         result["step_agreement"] = run_steps(model, evals[: a.step_prompts], graph, a.deltas,
