@@ -1,9 +1,9 @@
 """Isolated CUDA-graph timings of the fast runtime's steps, and the Qwen3-8B-shape projection.
 
 T(q) = one target verify forward of q query tokens per row (graph replay, context of `ctx`
-committed tokens); T_draft(q) = one drafter block forward + LM head. The projection is the
-speedup implied by an acceptance length tau: tau * T(1) / (T(B) + T_draft(B)). Random weights:
-only the shapes matter for time. Used by `gpu_speedup.py`; runs standalone too:
+committed tokens); T_draft(q) = one drafter block forward + LM head; `accept_times` = the
+acceptance step, eager vs compiled. The projection is the speedup implied by an acceptance length
+tau: tau * T(1) / (T(B) + T_draft(B)). Random weights: only the shapes matter for time. Used by `gpu_speedup.py`; runs standalone too:
     python benchmarks/gpu_projection.py --tau 3.2
 """
 
@@ -18,7 +18,7 @@ import torch
 from dflash_plugin.config import build_target_layer_ids
 from dflash_plugin.fast.drafter import random_drafter
 from dflash_plugin.fast.graphs import time_step
-from dflash_plugin.fast.loop import FastDecoder
+from dflash_plugin.fast.loop import FastDecoder, accept_round
 from dflash_plugin.fast.qwen3 import Shape, random_target
 
 QWEN3_8B = Shape(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, intermediate=12288,
@@ -36,6 +36,16 @@ def step_times(dec: FastDecoder, qs: list[int], iters: int = 50) -> dict:
         if dec.drafter is not None and q > 1:
             out["draft"][q] = time_step(lambda q=q: dec._draft(q), dev, iters)
     return out
+
+
+def accept_times(dec, q: int) -> dict:
+    """Graph-timed acceptance step, eager and compiled (`fast.loop.accept_round`). Every row is
+    marked finished first, so the step commits nothing and can be repeated (same kernels)."""
+    dec.done.fill_(True)
+    args = dec.accept_args(q)
+    compiled = torch.compile(accept_round, dynamic=True)
+    return {"accept_eager_ms": time_step(lambda: accept_round(*args), dec.device),
+            "accept_compiled_ms": time_step(lambda: compiled(*args), dec.device)}
 
 
 @torch.inference_mode()

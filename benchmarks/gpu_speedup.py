@@ -29,14 +29,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # this checkout's packages first
 
-from gpu_projection import project_8b, step_times  # noqa: E402
+from gpu_projection import accept_times, project_8b, step_times  # noqa: E402
 from plot_speedup import plot  # noqa: E402
 
 from dflash_plugin.checkpoint import load_drafter  # noqa: E402
 from dflash_plugin.cli import load_target  # noqa: E402
 from dflash_plugin.fast import build_decoder, fast_generate  # noqa: E402
-from dflash_plugin.fast.graphs import time_step  # noqa: E402
-from dflash_plugin.fast.loop import accept_round, compile_steps  # noqa: E402
+from dflash_plugin.fast.loop import compile_steps  # noqa: E402
 from dflash_plugin.generate import speculative_generate  # noqa: E402
 from dflash_plugin.proposers import DFlashProposer  # noqa: E402
 from dflash_plugin.training.data import load_prompts_jsonl  # noqa: E402
@@ -109,16 +108,6 @@ def run_ours(dec, prompts, batch, block, proposer, max_new, profile=False) -> di
         out["split_seconds"] = {"draft": draft_s, "verify": verify_s, "prefill": pre,
                                 "overhead": total - pre - draft_s - verify_s}
     return out
-
-
-def accept_times(dec, q: int) -> dict:
-    """Graph-timed acceptance step, eager and compiled (`fast.loop.accept_round`). Every row is
-    marked finished first, so the step commits nothing and can be repeated (same kernels)."""
-    dec.done.fill_(True)
-    args = dec.accept_args(q)
-    compiled = torch.compile(accept_round, dynamic=True)
-    return {"accept_eager_ms": time_step(lambda: accept_round(*args), dec.device),
-            "accept_compiled_ms": time_step(lambda: compiled(*args), dec.device)}
 
 
 def zlab_module():

@@ -195,7 +195,7 @@ def _train(cfg: TrainConfig, target, device) -> dict:
     budget_s = cfg.time_budget_minutes * 60 if cfg.time_budget_minutes else None
     mark = (time.perf_counter(), step)
     pending: list[torch.Tensor] = []  # [loss, grad_norm] per step, read in one transfer
-    correct = total = 0
+    first_step = step
 
     def flush():  # the loop's only host syncs: every 50 steps, at log and save points
         if pending:
@@ -242,7 +242,7 @@ def _train(cfg: TrainConfig, target, device) -> dict:
                         "step": step, "max_steps": max_steps, "history": history}, state_file)
             save_drafter(drafter, out / f"checkpoint-{step}")
     flush()
-    if isinstance(total, torch.Tensor):  # this run took at least one step
+    if step > first_step:
         last = {"loss": history[-1], "grad_norm": float(grad_norm),
                 "acc_per_offset": (correct / total.clamp_min(1)).tolist()}
     bar.close()
