@@ -60,12 +60,22 @@ done
 if [ -n "${TOTAL_MINUTES:-}" ]; then  # data time counts against the whole budget
     TRAIN_MINUTES=$($PY -c "print(round($TOTAL_MINUTES - ($(date +%s) - $T_START) / 60, 2))")
 fi
-log "training from the target's top layers for $TRAIN_MINUTES min on ${DATA[*]}"
+train() {
 $PY -m dflash_plugin.cli train --target $TARGET --data "${DATA[@]}" --block-size 16 --gamma 7 \
     --num-anchors 64 --max-seq-len 1024 --device "$DEVICE" --log-every 100 --num-layers "${NUM_LAYERS:-3}" \
     --init-from-target --batch-size "${BATCH:-64}" --lr "${LR:-1.2e-3}" --warmup-steps 200 \
     --max-steps 1000000 --save-every 1000000 --time-budget-minutes "$TRAIN_MINUTES" \
-    --packed-attention dense --seed 5 ${COMPILE:+--compile} --out "$WORK/$NAME-L3" > "$OUT/train-$NAME-L3.log" 2>&1
+    --packed-attention dense --seed 5 "$@" --out "$WORK/$NAME-L3" > "$OUT/train-$NAME-L3.log" 2>&1
+}
+log "training from the target's top layers for $TRAIN_MINUTES min on ${DATA[*]}"
+train ${COMPILE:+--compile}
+if [ -n "${COMPILE:-}" ] && ! grep -q '"final_loss"' "$OUT/train-$NAME-L3.log"; then
+    mv "$OUT/train-$NAME-L3.log" "$OUT/train-$NAME-L3-compile-failed.log"
+    rm -rf "${WORK:?}/$NAME-L3"
+    [ -n "${TOTAL_MINUTES:-}" ] && TRAIN_MINUTES=$($PY -c "print(round($TOTAL_MINUTES - ($(date +%s) - $T_START) / 60, 2))")
+    log "compiled training failed; eager for $TRAIN_MINUTES min"
+    train
+fi
 log "trained: $(grep -o '"final_loss": [0-9.]*' "$OUT/train-$NAME-L3.log")"
 mkdir -p "$OUT/$NAME-L3"
 cp "$WORK/$NAME-L3"/{config.json,model.safetensors,summary.json} "$OUT/$NAME-L3/"
