@@ -79,8 +79,9 @@ def compile_steps(enabled: bool = True) -> None:
 class FastDecoder:
     def __init__(self, target: TargetWeights, drafter: DraftWeights | None, batch: int,
                  max_len: int, device, max_block: int = 16, graphs: bool = True,
-                 attention: str = "auto"):
+                 attention: str = "auto", fuse_round: bool = False):
         device = torch.device(device)
+        self.fuse_round = fuse_round  # one graph per round (draft + verify + accept) if unprofiled
         attention = resolve_backend(attention, device)
         check_backend(attention, device)
         self.attention = attention  # decode/verify/draft steps; prefill always uses SDPA
@@ -181,7 +182,16 @@ class FastDecoder:
         self.round_idx.zero_()
 
     # ---- one round ----
+    def _round_steps(self, q: int) -> None:
+        if q > 1:
+            self._draft(q)
+        self._verify(q)
+        self._accept(q)
+
     def round(self, q: int, host_draft: list[list[int]] | None = None, events=None) -> None:
+        if self.fuse_round and events is None and host_draft is None:
+            self.steps.run(("round", q), lambda: self._round_steps(q), restore=self._state())
+            return
         if events is not None:
             events[0].record()
         if q > 1 and host_draft is not None:

@@ -123,6 +123,26 @@ def test_stop_tokens_padding_rows_and_reuse(pair):
         assert [t.data_ptr() for t in dec._state() + [dec.draft_ids, dec.target_ids]] == addresses
 
 
+@pytest.mark.parametrize("block_size", [1, 8])
+def test_fused_round_equals_reference(pair, block_size):
+    """One step function per round (draft + verify + accept; one CUDA graph on GPUs): same
+    tokens and per-round commits as the reference loop, with a stop token and a padding row."""
+    target, drafter = pair
+    stop = greedy_reference(target, PROMPTS[:1], 30)[0][9]
+    proposer = DFlashProposer(drafter) if block_size > 1 else None
+    dec = build_decoder(target, drafter, batch=4, max_len=64, graphs=False, fuse_round=True)
+    res = fast_generate(dec, PROMPTS[:3], block_size=block_size, max_new_tokens=30,
+                        stop_token_ids=(stop,), proposer="dflash" if proposer else "ar")
+    if proposer is None:
+        assert res.tokens == greedy_reference(target, PROMPTS[:3], 30, eos_token_id=stop)
+        return
+    ref = speculative_generate(target, proposer, PROMPTS[:3], block_size=block_size,
+                               max_new_tokens=30, stop_token_ids=(stop,), fast=False)
+    assert res.tokens == ref.tokens and res.tokens[0][-1] == stop
+    assert [r.round_tokens for r in res.metrics.requests] == [
+        r.round_tokens for r in ref.metrics.requests]
+
+
 def test_ngram_and_plain_ar(pair):
     target, _ = pair
     prompts = [p * 3 for p in PROMPTS]  # repeats give prompt lookup something to find
@@ -196,10 +216,10 @@ def test_cuda_graphs_match_eager_and_cpu(pair, attention):
     expected = greedy_reference(target, PROMPTS, 40)
     tgt, drf = tiny_target().cuda(), drafter.to("cuda")
     try:
-        for graphs in (False, True, "compiled"):
+        for graphs in (False, True, "compiled", "fused"):
             compile_steps(graphs == "compiled")
             dec = build_decoder(tgt, drf, batch=4, max_len=64, graphs=bool(graphs),
-                                attention=attention)
+                                attention=attention, fuse_round=graphs == "fused")
             res = fast_generate(dec, PROMPTS, block_size=8, max_new_tokens=40, profile=True)
             assert res.tokens == expected
             res = fast_generate(dec, PROMPTS, block_size=8, max_new_tokens=40)  # replays
