@@ -55,6 +55,30 @@ def gate(
     return fold
 
 
+def gate_vs_source(
+    h: torch.Tensor,  # [k, n, d]
+    parents: torch.Tensor,  # [k] long, parents[0] = -1, parents[i] < i
+    delta: float,
+) -> torch.Tensor:  # [k, n] bool: True = folded (the root never is)
+    """A variant of `gate` (not the issue's rule, an experiment): rho is measured against the
+    row whose projections a fold would reuse, i.e. the parent's source (nearest recomputed
+    ancestor), not the parent itself, so that a chain of folds cannot drift by delta per hop.
+    Branch by branch in tree order (a loop over k; no kernel yet)."""
+    k, n, _ = h.shape
+    hf = h.float()
+    col = torch.arange(n, device=h.device)
+    src = torch.arange(k, device=h.device)[:, None].repeat(1, n)  # [k, n]
+    fold = torch.zeros(k, n, dtype=torch.bool, device=h.device)
+    for i in range(1, k):
+        cand = src[int(parents[i])]  # [n] the parent's source per position
+        ref = hf[cand, col]  # [n, d]
+        diff = (hf[i] - ref).norm(dim=-1)
+        rho = torch.where(diff == 0, torch.zeros_like(diff), diff / ref.norm(dim=-1))
+        fold[i] = rho <= delta
+        src[i] = torch.where(fold[i], cand, torch.full_like(cand, i))
+    return fold
+
+
 def resolve_sources(
     fold: torch.Tensor,  # [k, n] bool, fold[0] all False
     parents: torch.Tensor,  # [k] long, parents[i] < i

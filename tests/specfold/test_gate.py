@@ -12,6 +12,7 @@ from specfold_plugin.gate import (
     check_delta,
     check_parents,
     gate,
+    gate_vs_source,
     relative_residual,
     resolve_sources,
     source_rows,
@@ -84,6 +85,36 @@ def test_chain_of_folds_resolves_to_the_root():
     got = resolve_sources(fold, torch.tensor(parents))
     assert got[:, 0].tolist() == [0] * k
     assert got[:, 1].tolist() == [0, 0, 0, 0, 4, 4, 4, 4, 4]
+
+
+def test_gate_vs_source_measures_against_the_fold_source():
+    """Chain 0 <- 1 <- 2 with 0.08 relative steps: the parent rule folds both children (each
+    is within 0.1 of its parent), the source rule recomputes branch 2 (0.16 from branch 0, whose
+    projections it would reuse); on random trees its sources stay within delta of every row."""
+    d = 64
+    base = torch.zeros(3, 1, d)
+    base[0, 0, 0] = 1.0
+    base[1, 0] = base[0, 0]
+    base[1, 0, 1] = 0.08
+    base[2, 0] = base[1, 0]
+    base[2, 0, 1] = 0.16
+    par = torch.tensor([-1, 0, 1])
+    assert gate(base, par, 0.1)[:, 0].tolist() == [False, True, True]
+    assert gate_vs_source(base, par, 0.1)[:, 0].tolist() == [False, True, False]
+    rng, gen = random.Random(3), torch.Generator().manual_seed(3)
+    for _ in range(20):
+        k, n = rng.randint(1, 10), rng.randint(1, 6)
+        parents = random_tree(rng, k)
+        h = torch.randn(k, n, 16, generator=gen)
+        for i in range(1, k):
+            h[i] = h[parents[i]] + 0.04 * torch.randn(n, 16, generator=gen)
+        fold = gate_vs_source(h, torch.tensor(parents), 0.1)
+        src = resolve_sources(fold, torch.tensor(parents))
+        for i in range(1, k):
+            for p in range(n):
+                s = int(src[i, p])
+                rho = float((h[i, p] - h[s, p]).norm() / h[s, p].norm())
+                assert rho <= 0.1 + 1e-6 and bool(fold[i, p]) == (s != i)
 
 
 def test_source_rows_compaction():
