@@ -57,8 +57,9 @@ for d in data-greedy data-greedy-hf data-t1; do
     ls "$WORK/$d"/shard-* > /dev/null 2>&1 && DATA+=("$WORK/$d")
 done
 
+remaining() { $PY -c "print(round($TOTAL_MINUTES - ($(date +%s) - $T_START) / 60, 2))"; }
 if [ -n "${TOTAL_MINUTES:-}" ]; then  # data time counts against the whole budget
-    TRAIN_MINUTES=$($PY -c "print(round($TOTAL_MINUTES - ($(date +%s) - $T_START) / 60, 2))")
+    TRAIN_MINUTES=$(remaining)
 fi
 train() {
 $PY -m dflash_plugin.cli train --target $TARGET --data "${DATA[@]}" --block-size 16 --gamma 7 \
@@ -72,7 +73,7 @@ train ${COMPILE:+--compile}
 if [ -n "${COMPILE:-}" ] && ! grep -q '"final_loss"' "$OUT/train-$NAME-L3.log"; then
     mv "$OUT/train-$NAME-L3.log" "$OUT/train-$NAME-L3-compile-failed.log"
     rm -rf "${WORK:?}/$NAME-L3"
-    [ -n "${TOTAL_MINUTES:-}" ] && TRAIN_MINUTES=$($PY -c "print(round($TOTAL_MINUTES - ($(date +%s) - $T_START) / 60, 2))")
+    [ -n "${TOTAL_MINUTES:-}" ] && TRAIN_MINUTES=$(remaining)
     log "compiled training failed; eager for $TRAIN_MINUTES min"
     train
 fi
