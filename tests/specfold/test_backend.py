@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specfold_plugin.cli import main as specfold_main
-from specfold_plugin.fold_fast import CapacityPlanner
+from specfold_plugin.fold_fast import CapacityPlanner, first_overflow
 from specfold_plugin.gate import gate
 from specfold_plugin.specfold import FoldedVerify
 from spiffy_plugin.errors import ConfigError
@@ -29,3 +29,24 @@ def test_capacity_planner_rounds_up_and_caps():
     assert p.plan(3, 16, 2) == [(32, 48), (32, 48)]
     with pytest.raises(ConfigError, match="margin"):
         CapacityPlanner(margin=2)
+    with pytest.raises(ConfigError, match="window"):
+        CapacityPlanner(window=0)
+
+
+def test_capacity_planner_takes_the_window_max():
+    p = CapacityPlanner(granule=16, margin=0.0, window=2)
+    seen = [[[[30], [10]], [[5], [5]]], [[[2], [40]], [[5], [5]]], [[[1], [1]], [[5], [5]]]]
+    p.update(4, 16, torch.tensor(seen[0]))
+    p.update(4, 16, torch.tensor(seen[1]))
+    assert p.plan(4, 16, 2) == [(32, 48), (16, 16)]  # per layer and gate, max over both
+    p.update(4, 16, torch.tensor(seen[2]))  # the first forward leaves the window
+    assert p.plan(4, 16, 2) == [(16, 48), (16, 16)]
+    assert p.plan(5, 16, 2) == [(80, 80)] * 2  # another branch count: nothing seen
+
+
+def test_first_overflow_names_the_first_layer_over_its_plan():
+    counts = torch.tensor([[[16], [16]], [[17], [3]], [[40], [40]]])  # [3 layers, 2, 1]
+    assert first_overflow(counts, [(16, 16), (32, 32), (48, 48)]) is None
+    assert first_overflow(counts, [(16, 16), (16, 32), (32, 48)]) == 1
+    assert first_overflow(counts, [(16, 16), (32, 2), (48, 48)]) == 1  # the FFN gate's plan
+    assert first_overflow(counts, [(16, 16), (32, 2), (48, 48)], "layer") is None
