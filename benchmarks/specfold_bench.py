@@ -5,7 +5,8 @@ tokens/s (CUDA only; CPU seconds are recorded but are not a speed result).
         --prompts examples/fixtures/dev-prompts.jsonl --calib 32:40 --eval 0:8 \
         --max-new-tokens 128 --budget 10 --out benchmarks/results/specfold-cpu
 Sections (`--sections`): `e2e` = vanilla / Spiffy / SpecFold per delta on the eval prompts
-(fold ratios, token agreement with Spiffy, NFE, projected FLOP saving, seconds); `steps` = per
+(fold ratios, token agreement with Spiffy, NFE, projected FLOP saving, seconds; with `--backends
+... triton` also Spiffy with its dense verify on the same kernels, after an untimed warm-up); `steps` = per
 verify forward, does each draft's next greedy step agree between folded and dense logits; `latency`
 (CUDA) = one verify forward, dense (Spiffy) vs folded per delta, at 2/4/8 kept drafts, timed on
 real decoding states of the fixture; `8b` (CUDA) = the same on a random-weight Qwen3-8B-shaped
@@ -80,6 +81,23 @@ def run_e2e(model, evals, graph, deltas, ffn_gates, max_new, dev, log,
                  "seconds": round(sec, 2), "tokens_per_s": round(ntok / sec, 1)})
     log(rows[-1])
     bs = dllm_spec(model.config).block_size
+    if "triton" in backends:  # the kernel backend's fair baseline: dense on the same kernels
+        from specfold_plugin.fold_fast import dense_forward_fast
+
+        def dense_kernels(runner, blocks, parents):
+            return dense_forward_fast(runner, blocks)
+        # warm-up (not timed): compile the dense and the folded kernels once
+        spiffy_generate(model, evals[0], graph, params, 32, verify=dense_kernels)
+        specfold_generate(model, evals[0], graph, params, 32, delta=max(deltas), backend="triton")
+        got, sec = timed("spiffy-kernels", lambda x: spiffy_generate(
+            model, x, graph, params, max_new, verify=dense_kernels))
+        agree = [token_agreement(r.tokens, t) for r, t in zip(got, ref)]
+        rows.append({"decoder": "spiffy", "backend": "triton", "nfe": sum(r.nfe for r in got),
+                     "tokens": ntok,
+                     "agreement": round(sum(a for a, _ in agree) / sum(b for _, b in agree), 4),
+                     "identical_prompts": sum(r.tokens == t for r, t in zip(got, ref)),
+                     "seconds": round(sec, 2), "tokens_per_s": round(ntok / sec, 1)})
+        log(rows[-1])
     for backend, ffn_gate, delta in product(backends, ffn_gates, deltas):
         try:
             got, sec = timed("specfold", lambda x, d=delta, f=ffn_gate, be=backend:
