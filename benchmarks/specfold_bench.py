@@ -6,8 +6,9 @@ tokens/s (CUDA only; CPU seconds are recorded but are not a speed result).
         --max-new-tokens 128 --budget 10 --out benchmarks/results/specfold-cpu
 Sections (`--sections`): `e2e` = vanilla / Spiffy / SpecFold per delta on the eval prompts
 (fold ratios, token agreement with Spiffy, NFE, projected FLOP saving, seconds; with `--backends
-... triton` also Spiffy with its dense verify on the same kernels, after an untimed warm-up); `steps` = per
-verify forward, does each draft's next greedy step agree between folded and dense logits; `latency`
+... triton` also Spiffy with its dense verify on the same kernels, after an untimed warm-up);
+`steps` = per verify forward, does each draft's next greedy step agree between folded and dense
+logits; `latency`
 (CUDA) = one verify forward, dense (Spiffy) vs folded per delta, at 2/4/8 kept drafts, timed on
 real decoding states of the fixture; `8b` (CUDA) = the same on a random-weight Qwen3-8B-shaped
 model (bf16, `--layers-8b` layers, `--context-8b` committed tokens) with the fixture's observed
