@@ -24,8 +24,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from gpu_projection import step_times  # noqa: E402
 import gpu_speedup  # noqa: E402
+from gpu_projection import step_times  # noqa: E402
 from gpu_speedup import FIX, build_prompts, run_ours  # noqa: E402
 
 from dflash_plugin.checkpoint import load_drafter  # noqa: E402

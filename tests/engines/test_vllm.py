@@ -174,9 +174,11 @@ def test_cpu_context_key_norm_is_per_layer():
     drafter's grouped context-key norm); our model class normalises layer by layer instead."""
     from vllm import _custom_ops as ops
 
-    from dflash_plugin.engines.vllm_model import (CPUSafeDFlashQwen3Model,
-                                                  ValidatedDFlashQwen3ForCausalLM,
-                                                  layerwise_rms_norm)
+    from dflash_plugin.engines.vllm_model import (
+        CPUSafeDFlashQwen3Model,
+        ValidatedDFlashQwen3ForCausalLM,
+        layerwise_rms_norm,
+    )
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 7, 2, 64, generator=g)  # [layers, context, kv heads, head_dim]
