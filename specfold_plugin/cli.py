@@ -11,7 +11,7 @@ from spiffy_plugin.cli import _decode_args, _load, _params
 from spiffy_plugin.errors import run_command
 
 from .gate import check_delta
-from .specfold import BACKENDS, DEFAULT_DELTA, specfold_generate, token_agreement
+from .specfold import BACKENDS, CAPACITIES, DEFAULT_DELTA, specfold_generate, token_agreement
 from .stats import projected_flops
 
 
@@ -26,7 +26,7 @@ def cmd_generate(args) -> int:
     model, tok = _load(args.model)
     ids = tok(args.prompt).input_ids
     res = specfold_generate(model, ids, graph, params, args.max_new_tokens, args.keep,
-                            args.delta, args.ffn_gate, args.backend)
+                            args.delta, args.ffn_gate, args.backend, args.capacity)
     print(args.prompt + tok.decode(res.tokens))
     print(f"-- tokens {len(res.tokens)}  NFE {res.nfe}  steps {res.steps}  "
           f"tokens/forward {res.tokens_per_forward:.2f}  stop {res.stop_reason}")
@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--backend", choices=BACKENDS, default="torch",
                    help="folded forward: torch reference or the Triton kernels (CPU: set "
                    "TRITON_INTERPRET=1)")
+    g.add_argument("--capacity", choices=CAPACITIES, default="plan",
+                   help="kernel backend: size compact batches from recent counts (plan, CUDA-"
+                   "graph friendly) or from each gate's true count (sync, a host read per gate)")
     g.add_argument("--compare", action="store_true", help="also run Spiffy; print agreement")
     g.set_defaults(func=cmd_generate)
     return run_command(p.parse_args(argv))

@@ -7,7 +7,8 @@ committed KV cache of every request seen as pages (views, no copy). Per folded l
 compact batch and `take_rows` fans results out to every row. Attention of a row = merge of its
 source's state over the prefix (computed once per compact row) and its own state over its
 branch's block K/V (`kernels.merge.merge_pair`). Same math as `fold.folded_layer` (the spec).
-Nothing here reads a device value on the host, so a forward can be captured in a CUDA graph.
+Nothing here reads a device value on the host (except with `sync` capacities, None: each gate
+sizes its compact batch from its true count), so a forward can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -119,28 +120,49 @@ def dense_layer(layer, i: int, h: torch.Tensor,  # [T, d]
     return mid + layer.mlp(layer.post_attention_layernorm(mid))
 
 
+def sized_capacity(count: torch.Tensor,  # [requests] true recomputed rows (device)
+                   full: int, granule: int = 16) -> int:
+    """The `sync` plan of one gate: the largest request's count rounded up to `granule`, at most
+    every row (one host read)."""
+    need = int(count.max())
+    return min(full, max(granule, -(-need // granule) * granule))
+
+
 def _plan(x: torch.Tensor,  # [T, d] gate input
-          b: Batch, delta: float, capacity: int,
+          b: Batch, delta: float,
+          capacity: int | None,  # compact rows per request; None = size from the true count
           forced: torch.Tensor | None,  # [requests * branches, n] bool folds, or None = the gate
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # rows, slot, count
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:  # rows, slot, count, cap
+    cap = capacity
     if forced is None:
-        return fold_plan(x.view(-1, b.n, x.shape[1]), b.parent, delta, validate=False,
-                         segments=b.requests, capacity=capacity)[3:]
-    return compact(resolve_sources(forced, b.parent), b.requests, capacity)
+        src, rows, slot, count = fold_plan(x.view(-1, b.n, x.shape[1]), b.parent, delta,
+                                           validate=False, segments=b.requests,
+                                           capacity=cap)[2:]
+    else:
+        src = resolve_sources(forced, b.parent)
+        rows, slot, count = compact(src, b.requests, cap)
+    if capacity is None:  # compacted over every row; re-compact into the sized batch
+        full = b.branches * b.n
+        cap = sized_capacity(count, full)
+        if cap < full:
+            rows, slot, count = compact(src, b.requests, cap)
+    return rows, slot, count, cap
 
 
 def folded_layer(layer, i: int, h: torch.Tensor,  # [T, d]
                  b: Batch, prefix: Prefix | None, delta: float,
-                 caps: tuple[int, int],  # compact rows per request: attention gate, FFN gate
+                 caps: tuple,  # compact rows per request (attention gate, FFN gate); None = sync
                  ffn_gate: str = "own",
                  forced: tuple | None = None,  # (attention folds, FFN folds) [R * k, n] bool
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> layer output [T, d], recomputed rows per request at the attention / FFN gate [R] each
-    (device tensors; a count above its capacity means the output is wrong: re-run wider)."""
+    (device tensors; a count above its capacity means the output is wrong: re-run wider). A
+    capacity of None sizes that gate's compact batch from its true count: a host read per gate,
+    so never an overflow, but not capturable in a CUDA graph."""
     attn = layer.self_attn
     heads, kvh, hd = _heads(attn)
-    t, r, cap = h.shape[0], b.requests, caps[0]
-    rows, slot, count = _plan(h, b, delta, cap, forced and forced[0])
+    t, r = h.shape[0], b.requests
+    rows, slot, count, cap = _plan(h, b, delta, caps[0], forced and forced[0])
     qkv = _qkv(attn, layer.input_layernorm(take_rows(h, rows)), take_rows(b.rope, rows))
     full = take_rows(qkv.view(r * cap, -1), slot).view(r, b.branches, b.n, -1, hd)
     q, k, v = full.split([heads, kvh, kvh], dim=3)
@@ -161,7 +183,7 @@ def folded_layer(layer, i: int, h: torch.Tensor,  # [T, d]
     if ffn_gate == "layer":
         frows, fslot, fcount = rows, slot, count
     else:
-        frows, fslot, fcount = _plan(mid, b, delta, caps[1], forced and forced[1])
+        frows, fslot, fcount, _ = _plan(mid, b, delta, caps[1], forced and forced[1])
     y = layer.mlp(layer.post_attention_layernorm(take_rows(mid, frows)))
     return mid + take_rows(y, fslot), count, fcount
 

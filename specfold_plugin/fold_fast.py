@@ -22,7 +22,8 @@ from .fast_layers import Batch, Prefix, logits_of, prepare, run_layers, runner_p
 from .fold import check_fold_args
 from .stats import FoldStats
 
-Caps = list[tuple[int, int]]  # [layers] (attention gate, FFN gate) compact rows per request
+# [layers] (attention gate, FFN gate) compact rows per request; None = sized at run time (sync)
+Caps = list[tuple[int | None, int | None]]
 
 
 class CapacityPlanner:
@@ -55,10 +56,24 @@ class CapacityPlanner:
         del seen[: -self.window]
 
 
+class SyncCapacities:
+    """The `sync` plan: every gate sizes its compact batch from its true count (a host read per
+    gate, never a re-run, not capturable in a CUDA graph). Planned capacities pad each gate by
+    the margin and by the spread of recent counts; this pads only to the granule."""
+
+    def plan(self, branches: int, n: int, layers: int) -> Caps:
+        return [(None, None)] * layers
+
+    def update(self, branches: int, n: int, counts: torch.Tensor) -> None:
+        pass
+
+
 def first_overflow(counts: torch.Tensor,  # [layers, 2, requests] true counts (host)
                    caps: Caps, ffn_gate: str = "own") -> int | None:
-    """The first layer whose count exceeded its planned capacity (None: the plan held)."""
-    cap = torch.tensor(caps)[:, :, None]
+    """The first layer whose count exceeded its planned capacity (None: the plan held; a
+    capacity of None is sized at run time and never overflows)."""
+    cap = torch.tensor([[torch.iinfo(torch.int32).max if c is None else c for c in lc]
+                        for lc in caps])[:, :, None]
     if ffn_gate == "layer":  # one compaction per layer, sized by the attention gate's plan
         cap = cap[:, :1].expand(-1, 2, -1)
     over = (counts > cap).flatten(1).any(1).nonzero()
@@ -73,7 +88,7 @@ def folded_exact(model, batch: Batch, prefix: Prefix | None, delta: float, caps:
     layers = len(model.model.layers)
     full = batch.branches * batch.n
     require(len(caps) == layers, "caps", f"needs one entry per layer ({layers}), got {len(caps)}")
-    bad = [c for lc in caps for c in lc if not 1 <= c <= full]
+    bad = [c for lc in caps for c in lc if c is not None and not 1 <= c <= full]
     require(not bad, "caps", f"capacities must lie in [1, {full}] (rows per request), got "
             f"{bad[:3]}")
     h = model.model.embed_tokens(batch.ids)
@@ -100,7 +115,7 @@ def folded_forward_fast(
     delta: float,
     stats: FoldStats | None = None,
     ffn_gate: str = "own",
-    planner: CapacityPlanner | None = None,
+    planner: CapacityPlanner | SyncCapacities | None = None,
 ) -> torch.Tensor:  # [k, block_size, vocab] fp32 logits (one NFE)
     """`fold.folded_forward` on the kernels: same arguments, same result (within fp32
     tolerance); `planner` sizes the compact batches (None: every row, i.e. no saving)."""

@@ -6,7 +6,9 @@ forward is exact; a draft's logits are approximate for delta > 0, so the output 
 Spiffy's (= vanilla decoding's): *agreement* is measured, not assumed. delta = 0 is exact.
 *Backend*: "torch" = `fold.folded_forward` (the reference), "triton" = `fold_fast` (the same
 forward on the `kernels` ops, no host sync inside the layer loop; on CPU only under
-TRITON_INTERPRET=1).
+TRITON_INTERPRET=1). *Capacity* (backend "triton"): "plan" = compact batches sized from recent
+forwards' counts (`fold_fast.CapacityPlanner`; a too-small plan re-runs layers), "sync" = each
+gate sized from its true count (a host read per gate; less padding, no CUDA graph).
 """
 
 from __future__ import annotations
@@ -28,25 +30,28 @@ from .stats import FoldStats
 
 DEFAULT_DELTA = 0.1
 BACKENDS = ("torch", "triton")
+CAPACITIES = ("plan", "sync")
 
 
 class FoldedVerify:
     """A `spiffy_plugin.spiffy.Verify` that folds, accumulating `stats` over its forwards."""
 
     def __init__(self, delta: float = DEFAULT_DELTA, ffn_gate: str = "own",
-                 gate_fn: GateFn = gate, backend: str = "torch"):
+                 gate_fn: GateFn = gate, backend: str = "torch", capacity: str = "plan"):
         self.delta = check_delta(delta)
         require(ffn_gate in FFN_GATES, "ffn_gate", f"must be one of {FFN_GATES}, got "
                 f"{ffn_gate!r}")
         require(backend in BACKENDS, "backend", f"must be one of {BACKENDS}, got {backend!r}")
         require(backend == "torch" or gate_fn is gate, "gate_fn", "a custom gate needs the "
                 "torch backend")
+        require(capacity in CAPACITIES, "capacity", f"must be one of {CAPACITIES}, got "
+                f"{capacity!r}")
         self.ffn_gate, self.gate_fn, self.backend = ffn_gate, gate_fn, backend
         self.stats: FoldStats | None = None
         self.planner = None
         if backend == "triton":
-            from .fold_fast import CapacityPlanner  # imports triton
-            self.planner = CapacityPlanner()
+            from .fold_fast import CapacityPlanner, SyncCapacities  # imports triton
+            self.planner = CapacityPlanner() if capacity == "plan" else SyncCapacities()
 
     def __call__(self, runner: BlockDiffusionRunner, blocks: torch.Tensor,  # [k, block_size]
                  parents: list[int]) -> torch.Tensor:  # [k, block_size, vocab]
@@ -69,10 +74,11 @@ class SpecFoldResult(DLLMResult):
 def specfold_generate(model, prompt: list[int], graph: DraftGraph,
                       params: DecodeParams = DecodeParams(), max_new_tokens: int = 128,
                       keep: int | None = None, delta: float = DEFAULT_DELTA,
-                      ffn_gate: str = "own", backend: str = "torch") -> SpecFoldResult:
-    """Spiffy decoding with folded verification (bad delta / ffn_gate / backend fail before any
-    work)."""
-    verify = FoldedVerify(delta, ffn_gate, backend=backend)
+                      ffn_gate: str = "own", backend: str = "torch",
+                      capacity: str = "plan") -> SpecFoldResult:
+    """Spiffy decoding with folded verification (bad delta / ffn_gate / backend / capacity fail
+    before any work)."""
+    verify = FoldedVerify(delta, ffn_gate, backend=backend, capacity=capacity)
     res = spiffy_generate(model, prompt, graph, params, max_new_tokens, keep, verify=verify)
     return SpecFoldResult(res.tokens, res.nfe, res.steps, res.stop_reason, verify.stats)
 

@@ -94,6 +94,12 @@ def test_kernel_path_equals_reference(fixture_model, delta, ffn_gate):
     again = ff.folded_forward_fast(runner, blocks, PARENTS, delta, s_plan, ffn_gate, planner)
     assert s_plan.reruns == 0 and s_plan.qkv_rows == s_ref.qkv_rows
     torch.testing.assert_close(again, want, **TOL)
+    s_sync = FoldStats(layers)  # capacities sized from each gate's true count
+    synced = ff.folded_forward_fast(runner, blocks, PARENTS, delta, s_sync, ffn_gate,
+                                    ff.SyncCapacities())
+    assert s_sync.reruns == 0 and (s_sync.qkv_rows, s_sync.ffn_rows) == (s_ref.qkv_rows,
+                                                                         s_ref.ffn_rows)
+    torch.testing.assert_close(synced, want, **TOL)
 
 
 def test_too_small_plan_reruns_and_stays_exact():
@@ -154,6 +160,12 @@ def test_batched_requests_equal_one_at_a_time():
     caps = [(full - n, full)] * layers
     with torch.inference_mode():
         logits, counts, _ = ff.folded_exact(model, batch, shared_prefix(runners, n), 0.2, caps)
+    with torch.inference_mode():  # sized per gate from the largest request's count
+        synced, sync_counts, rerun = ff.folded_exact(model, batch, shared_prefix(runners, n),
+                                                     0.2, [(None, None)] * layers)
+    assert rerun == 0 and torch.equal(sync_counts, counts)
+    assert int(counts[0].amax()) < full  # layer 0 really runs a smaller batch than every row
+    torch.testing.assert_close(synced, logits, **TOL)
     logits = logits.view(3, len(PARENTS), n, -1)
     for r in range(3):
         assert counts[:, 0, r].tolist() == stats[r].qkv_rows
@@ -181,7 +193,10 @@ def test_greedy_generation_identical_between_backends(fixture_model):
         ids = tok(prompt).input_ids
         out = {b: specfold_generate(model, ids, graph, DecodeParams(), 8, keep=3, delta=0.1,
                                     backend=b) for b in ("torch", "triton")}
-        assert out["triton"].tokens == out["torch"].tokens
+        out["sync"] = specfold_generate(model, ids, graph, DecodeParams(), 8, keep=3, delta=0.1,
+                                        backend="triton", capacity="sync")
+        assert out["triton"].tokens == out["torch"].tokens == out["sync"].tokens
+        assert out["sync"].fold.qkv_rows == out["torch"].fold.qkv_rows
         assert out["triton"].nfe == out["torch"].nfe
         ft, fr = out["triton"].fold, out["torch"].fold
         assert (ft.qkv_rows, ft.ffn_rows) == (fr.qkv_rows, fr.ffn_rows)

@@ -17,6 +17,8 @@ def test_bad_backend_fails_early():
     with pytest.raises(ConfigError, match="gate_fn"):
         FoldedVerify(0.1, gate_fn=lambda h, p, d: gate(h, p, d), backend="triton")
     assert FoldedVerify(0.1, backend="triton").planner is not None
+    with pytest.raises(ConfigError, match="capacity"):
+        FoldedVerify(0.1, backend="triton", capacity="exact")
     with pytest.raises(SystemExit):
         specfold_main(["generate", "--model", "x", "--graph", "g.json", "--prompt", "a",
                        "--backend", "cuda"])
