@@ -2,6 +2,9 @@
 variant, JSON), eager and CUDA-graph timing, dense vs folded rows of one batch on the kernel
 forward (`specfold_plugin.fast_layers`), and the markdown table with the crossover summary.
 *Capacity plan* of a timed folded forward: its true per-layer counts rounded up to 16 rows.
+With --sync also: `folded_sync_eager_ms` (capacities None: each gate sized from its true count
+at run time, eager) and `folded_margin_graph_ms` (the graph with the planner's margin, 1/8 of
+the rows, added to the true counts: what a well-predicted `CapacityPlanner` plan costs).
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ def time_batch(B: Bench, label, model, batch, prefix, forced_of, extra, eager: b
     full, layers = batch.branches * batch.n, len(model.model.layers)
     dense = {"requests": batch.requests, "rows": batch.requests * full}
     with torch.inference_mode():
-        if eager:
+        if eager or a.sync:
             dense["dense_fast_eager_ms"] = B.eager(f"{label} dense", core(
                 model, batch, prefix, None, None))
         dense["dense_fast_graph_ms"] = B.attempt(f"{label} dense graph", lambda: graph_ms(
@@ -114,6 +117,11 @@ def time_batch(B: Bench, label, model, batch, prefix, forced_of, extra, eager: b
                 row["folded_fast_eager_ms"] = B.eager(name, lambda d=delta, c=caps, f=forced:
                                                       folded_exact(model, batch, prefix, d, c,
                                                                    forced=f))
+            if a.sync:  # each gate sized from its true count: eager only (host reads)
+                row["folded_sync_eager_ms"] = B.eager(name + " sync", lambda d=delta, f=forced:
+                                                      folded_exact(model, batch, prefix, d,
+                                                                   [(None, None)] * layers,
+                                                                   forced=f))
             got = B.attempt(name + " graph", lambda d=delta, c=caps, f=forced: graph_ms(
                 core(model, batch, prefix, d, c, f), dev, a.graph_iters))
             if got and got[0] is not None:
@@ -121,6 +129,12 @@ def time_batch(B: Bench, label, model, batch, prefix, forced_of, extra, eager: b
                     (got[1][1].cpu() <= torch.tensor(caps)[:, :, None]).all()))
                 if row.get("dense_fast_graph_ms"):
                     row["speedup_graph"] = round(row["dense_fast_graph_ms"] / got[0], 3)
+            if a.sync:  # the planner's margin on top of the true counts, as one graph
+                padded = [tuple(min(full, -(-(c + full // 8) // 16) * 16) for c in lc)
+                          for lc in caps]
+                row["folded_margin_graph_ms"] = B.attempt(
+                    name + " margin graph", lambda d=delta, c=padded, f=forced: graph_ms(
+                        core(model, batch, prefix, d, c, f), dev, a.graph_iters)[0])
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -139,7 +153,8 @@ def pages_for(prefix: fl.Prefix | None, r: int, dev) -> fl.Prefix | None:
 
 COLS = ["shape", "drafts", "requests", "rows", "delta", "fold_qkv", "fold_ffn", "cap_share",
         "dense_hf_ms", "folded_torch_ms", "dense_fast_eager_ms", "folded_fast_eager_ms",
-        "dense_fast_graph_ms", "folded_fast_graph_ms", "speedup_graph"]
+        "folded_sync_eager_ms", "dense_fast_graph_ms", "folded_fast_graph_ms",
+        "folded_margin_graph_ms", "speedup_graph"]
 
 
 def markdown(R) -> str:

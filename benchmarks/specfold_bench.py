@@ -60,7 +60,7 @@ def time_ms(fn, dev, iters: int, warmup: int = 3) -> float:
 
 
 def run_e2e(model, evals, graph, deltas, ffn_gates, max_new, dev, log,
-            backends=("torch",)):
+            backends=("torch",), capacities=("plan",)):
     rows, params = [], DecodeParams()
 
     def timed(name, fn):
@@ -99,11 +99,12 @@ def run_e2e(model, evals, graph, deltas, ffn_gates, max_new, dev, log,
                      "identical_prompts": sum(r.tokens == t for r, t in zip(got, ref)),
                      "seconds": round(sec, 2), "tokens_per_s": round(ntok / sec, 1)})
         log(rows[-1])
-    for backend, ffn_gate, delta in product(backends, ffn_gates, deltas):
+    variants = [(b, c) for b in backends for c in (capacities if b == "triton" else ["plan"])]
+    for (backend, capacity), ffn_gate, delta in product(variants, ffn_gates, deltas):
         try:
-            got, sec = timed("specfold", lambda x, d=delta, f=ffn_gate, be=backend:
+            got, sec = timed("specfold", lambda x, d=delta, f=ffn_gate, be=backend, c=capacity:
                              specfold_generate(model, x, graph, params, max_new, delta=d,
-                                               ffn_gate=f, backend=be))
+                                               ffn_gate=f, backend=be, capacity=c))
             stats = FoldStats(model.config.num_hidden_layers)
             for r in got:
                 if r.fold is not None:
@@ -111,6 +112,7 @@ def run_e2e(model, evals, graph, deltas, ffn_gates, max_new, dev, log,
             agree = [token_agreement(r.tokens, t) for r, t in zip(got, ref)]
             toks = sum(len(r.tokens) for r in got)
             rows.append({"decoder": "specfold", "backend": backend, "delta": delta,
+                         **({"capacity": capacity} if backend == "triton" else {}),
                          "ffn_gate": ffn_gate,
                          "nfe": sum(r.nfe for r in got), "tokens": toks,
                          "agreement": round(sum(a for a, _ in agree) / sum(b for _, b in agree),
@@ -287,6 +289,8 @@ def main() -> None:
     p.add_argument("--context-8b", type=int, default=1024)
     p.add_argument("--backends", nargs="+", default=["torch"], choices=["torch", "triton"],
                    help="SpecFold's verify backends in the e2e section")
+    p.add_argument("--capacities", nargs="+", default=["plan"], choices=["plan", "sync"],
+                   help="the kernel backend's capacity modes in the e2e section")
     p.add_argument("--out", required=True, help="folder for specfold.json")
     a = p.parse_args()
     dev = torch.device(a.device)
@@ -312,7 +316,7 @@ def main() -> None:
     result["graph_nodes"] = len(graph.nodes)
     if "e2e" in a.sections:
         result["e2e"] = run_e2e(model, evals, graph, a.deltas, a.ffn_gates, a.max_new_tokens,
-                                dev, log, a.backends)
+                                dev, log, a.backends, a.capacities)
         save()
     if "steps" in a.sections:
         result["step_agreement"] = run_steps(model, evals[: a.step_prompts], graph, a.deltas,

@@ -210,6 +210,8 @@ def main() -> None:
     p.add_argument("--layers-8b", type=int, default=36)
     p.add_argument("--context-8b", type=int, default=1024)
     p.add_argument("--budget-s", type=float, default=200.0, help="skip what is left after this")
+    p.add_argument("--sync", action="store_true", help="also time sync capacities (eager) and "
+                   "the planner's margin (graph); dense eager at every request count")
     p.add_argument("--dry-run", action="store_true", help="tiny settings (CPU: interpreter)")
     a = p.parse_args()
     if a.dry_run:
