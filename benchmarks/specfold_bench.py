@@ -60,7 +60,7 @@ def time_ms(fn, dev, iters: int, warmup: int = 3) -> float:
 
 
 def run_e2e(model, evals, graph, deltas, ffn_gates, max_new, dev, log,
-            backends=("torch",), capacities=("plan",)):
+            backends=("torch",), capacities=("sync",)):
     rows, params = [], DecodeParams()
 
     def timed(name, fn):
@@ -99,7 +99,8 @@ def run_e2e(model, evals, graph, deltas, ffn_gates, max_new, dev, log,
                      "identical_prompts": sum(r.tokens == t for r, t in zip(got, ref)),
                      "seconds": round(sec, 2), "tokens_per_s": round(ntok / sec, 1)})
         log(rows[-1])
-    variants = [(b, c) for b in backends for c in (capacities if b == "triton" else ["plan"])]
+    variants = [(b, c) for b in backends  # capacity: the kernel backend only
+                for c in (capacities if b == "triton" else ["sync"])]
     for (backend, capacity), ffn_gate, delta in product(variants, ffn_gates, deltas):
         try:
             got, sec = timed("specfold", lambda x, d=delta, f=ffn_gate, be=backend, c=capacity:
@@ -289,7 +290,7 @@ def main() -> None:
     p.add_argument("--context-8b", type=int, default=1024)
     p.add_argument("--backends", nargs="+", default=["torch"], choices=["torch", "triton"],
                    help="SpecFold's verify backends in the e2e section")
-    p.add_argument("--capacities", nargs="+", default=["plan"], choices=["plan", "sync"],
+    p.add_argument("--capacities", nargs="+", default=["sync"], choices=["plan", "sync"],
                    help="the kernel backend's capacity modes in the e2e section")
     p.add_argument("--out", required=True, help="folder for specfold.json")
     a = p.parse_args()

@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--backend", choices=BACKENDS, default="torch",
                    help="folded forward: torch reference or the Triton kernels (CPU: set "
                    "TRITON_INTERPRET=1)")
-    g.add_argument("--capacity", choices=CAPACITIES, default="plan",
-                   help="kernel backend: size compact batches from recent counts (plan, CUDA-"
-                   "graph friendly) or from each gate's true count (sync, a host read per gate)")
+    g.add_argument("--capacity", choices=CAPACITIES, default="sync",
+                   help="kernel backend: size compact batches from each gate's true count (sync, "
+                   "a host read per gate) or from recent counts (plan, CUDA-graph friendly)")
     g.add_argument("--compare", action="store_true", help="also run Spiffy; print agreement")
     g.set_defaults(func=cmd_generate)
     return run_command(p.parse_args(argv))

@@ -5,10 +5,12 @@ forward changes (`fold.folded_forward`). The root is never folded, so the first 
 forward is exact; a draft's logits are approximate for delta > 0, so the output can differ from
 Spiffy's (= vanilla decoding's): *agreement* is measured, not assumed. delta = 0 is exact.
 *Backend*: "torch" = `fold.folded_forward` (the reference), "triton" = `fold_fast` (the same
-forward on the `kernels` ops, no host sync inside the layer loop; on CPU only under
-TRITON_INTERPRET=1). *Capacity* (backend "triton"): "plan" = compact batches sized from recent
-forwards' counts (`fold_fast.CapacityPlanner`; a too-small plan re-runs layers), "sync" = each
-gate sized from its true count (a host read per gate; less padding, no CUDA graph).
+forward on the `kernels` ops; on CPU only under TRITON_INTERPRET=1).
+*Capacity* (backend "triton"): "sync" (default; this decoding loop is eager) = each gate's
+compact batch sized from its true count (a host read per gate, padding below 16 rows, never a
+re-run); "plan" = sized from recent forwards' counts (`fold_fast.CapacityPlanner`: no host read
+inside the layer loop, as a CUDA graph needs; a too-small plan re-runs layers). On the H200, 16
+fixture prompts, sync decoded 1.16x / 1.06x faster than plan at delta 0.05 / 0.1 (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class FoldedVerify:
     """A `spiffy_plugin.spiffy.Verify` that folds, accumulating `stats` over its forwards."""
 
     def __init__(self, delta: float = DEFAULT_DELTA, ffn_gate: str = "own",
-                 gate_fn: GateFn = gate, backend: str = "torch", capacity: str = "plan"):
+                 gate_fn: GateFn = gate, backend: str = "torch", capacity: str = "sync"):
         self.delta = check_delta(delta)
         require(ffn_gate in FFN_GATES, "ffn_gate", f"must be one of {FFN_GATES}, got "
                 f"{ffn_gate!r}")
@@ -75,7 +77,7 @@ def specfold_generate(model, prompt: list[int], graph: DraftGraph,
                       params: DecodeParams = DecodeParams(), max_new_tokens: int = 128,
                       keep: int | None = None, delta: float = DEFAULT_DELTA,
                       ffn_gate: str = "own", backend: str = "torch",
-                      capacity: str = "plan") -> SpecFoldResult:
+                      capacity: str = "sync") -> SpecFoldResult:
     """Spiffy decoding with folded verification (bad delta / ffn_gate / backend / capacity fail
     before any work)."""
     verify = FoldedVerify(delta, ffn_gate, backend=backend, capacity=capacity)

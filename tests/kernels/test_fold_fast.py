@@ -193,10 +193,10 @@ def test_greedy_generation_identical_between_backends(fixture_model):
         ids = tok(prompt).input_ids
         out = {b: specfold_generate(model, ids, graph, DecodeParams(), 8, keep=3, delta=0.1,
                                     backend=b) for b in ("torch", "triton")}
-        out["sync"] = specfold_generate(model, ids, graph, DecodeParams(), 8, keep=3, delta=0.1,
-                                        backend="triton", capacity="sync")
-        assert out["triton"].tokens == out["torch"].tokens == out["sync"].tokens
-        assert out["sync"].fold.qkv_rows == out["torch"].fold.qkv_rows
+        out["plan"] = specfold_generate(model, ids, graph, DecodeParams(), 8, keep=3, delta=0.1,
+                                        backend="triton", capacity="plan")
+        assert out["triton"].tokens == out["torch"].tokens == out["plan"].tokens
+        assert out["plan"].fold.qkv_rows == out["torch"].fold.qkv_rows
         assert out["triton"].nfe == out["torch"].nfe
         ft, fr = out["triton"].fold, out["torch"].fold
         assert (ft.qkv_rows, ft.ffn_rows) == (fr.qkv_rows, fr.ffn_rows)
