@@ -18,13 +18,10 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from dllm_setup import add_args, load
 
 from specfold_plugin.gate import gate, gate_vs_source
 from specfold_plugin.specfold import FoldedVerify, token_agreement
-from spiffy_plugin.calibrate import calibrate
-from spiffy_plugin.cli import read_prompts
-from spiffy_plugin.decode import DecodeParams
 from spiffy_plugin.spiffy import spiffy_generate
 
 GATES = {"parent": gate, "source": gate_vs_source}
@@ -33,22 +30,11 @@ GATES = {"parent": gate, "source": gate_vs_source}
 @torch.inference_mode()
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--prompts", default="examples/fixtures/dev-prompts.jsonl")
-    p.add_argument("--calib", default="32:40")
-    p.add_argument("--eval", default="0:16")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--budget", type=int, default=10)
+    add_args(p, "0:16")
     p.add_argument("--deltas", type=float, nargs="+", default=[0.05, 0.1])
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    tok = AutoTokenizer.from_pretrained(a.model)
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
-    prompts = read_prompts(a.prompts)
-    calib, evals = ([tok(x).input_ids for x in prompts[slice(*map(int, s.split(":")))]]
-                    for s in (a.calib, a.eval))
-    params, n = DecodeParams(), a.max_new_tokens
-    graph = calibrate(model, calib, a.budget, params, n)
+    model, evals, graph, params, n = load(a)
     ref = [spiffy_generate(model, x, graph, params, n).tokens for x in evals]
     rows = []
     for delta in a.deltas:

@@ -28,12 +28,9 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from dllm_setup import add_args, load
 
 from specfold_plugin.specfold import FoldedVerify, token_agreement
-from spiffy_plugin.calibrate import calibrate
-from spiffy_plugin.cli import read_prompts
-from spiffy_plugin.decode import DecodeParams
 from spiffy_plugin.runtime import BlockDiffusionRunner
 from spiffy_plugin.spiffy import Verify, dense_verify, spiffy_generate
 
@@ -103,27 +100,15 @@ def agreement_row(name: str, got: list[list[int]], ref: list[list[int]], nfe: in
 @torch.inference_mode()
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--prompts", default="examples/fixtures/dev-prompts.jsonl")
-    p.add_argument("--calib", default="32:40")
-    p.add_argument("--eval", default="0:16")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--budget", type=int, default=10)
+    add_args(p, "0:16")
     p.add_argument("--noise", type=float, nargs="*", default=[1e-4, 1e-3, 1e-2])
     p.add_argument("--deltas", type=float, nargs="*", default=[0.02, 0.1])
     p.add_argument("--no-bf16", action="store_true")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    tok = AutoTokenizer.from_pretrained(a.model)
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).to(a.device)
-    model.eval()
-    prompts = read_prompts(a.prompts)
-    calib, evals = ([tok(x).input_ids for x in prompts[slice(*map(int, s.split(":")))]]
-                    for s in (a.calib, a.eval))
-    params, n = DecodeParams(), a.max_new_tokens
+    model, evals, graph, params, n = load(a, a.device)
     block = model.config.dllm_block_size
-    graph = calibrate(model, calib, a.budget, params, n)
     t0 = time.perf_counter()
     exact = [spiffy_generate(model, x, graph, params, n) for x in evals]
     ref = [r.tokens for r in exact]
