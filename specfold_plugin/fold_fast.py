@@ -7,6 +7,9 @@ whose count exceeded its capacity makes the forward re-run from that layer with 
 results never depend on the plan, only the time does. `CapacityPlanner` sizes each forward's plan
 from the largest counts of the last few forwards with the same number of branches (plus a margin,
 rounded up to a granule): one full-size forward per branch count, then mostly tight plans.
+`SyncCapacities` instead leaves every capacity None: each gate reads its true count on the host
+and compacts into exactly that (rounded up), so nothing re-runs, but the forward syncs twice per
+layer and cannot be captured in a CUDA graph (the default of the eager decoding loop).
 """
 
 from __future__ import annotations
