@@ -57,10 +57,9 @@ def main() -> int:
     n = a.max_new_tokens
     max_len = max(len(x) for x in prompts) + n + 16
     decs = {(kind, mode): build_decoder(model, drafter if kind == "dflash" else None, batch=1,
-                                        max_len=max_len, max_block=16)
+                                        max_len=max_len, max_block=16,
+                                        fuse_round=mode == "fused")
             for kind in ("plain", "dflash") for mode in ("split", "fused")}
-    for (_, mode), dec in decs.items():
-        dec.fuse_round = mode == "fused"
     cases = [("plain", 1, "ar")] + [("dflash", b, "dflash") for b in a.block_sizes]
     for kind, block, prop in cases:  # warm-up + graph capture
         for mode in ("split", "fused"):

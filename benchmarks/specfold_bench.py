@@ -32,7 +32,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from specfold_plugin.fold import folded_forward
-from specfold_plugin.specfold import specfold_generate, token_agreement
+from specfold_plugin.specfold import agreement_summary, specfold_generate
 from specfold_plugin.stats import FoldStats, projected_flops
 from spiffy_plugin.calibrate import calibrate
 from spiffy_plugin.cli import read_prompts
@@ -92,11 +92,8 @@ def run_e2e(model, evals, graph, deltas, ffn_gates, max_new, dev, log,
         specfold_generate(model, evals[0], graph, params, 32, delta=max(deltas), backend="triton")
         got, sec = timed("spiffy-kernels", lambda x: spiffy_generate(
             model, x, graph, params, max_new, verify=dense_kernels))
-        agree = [token_agreement(r.tokens, t) for r, t in zip(got, ref)]
         rows.append({"decoder": "spiffy", "backend": "triton", "nfe": sum(r.nfe for r in got),
-                     "tokens": ntok,
-                     "agreement": round(sum(a for a, _ in agree) / sum(b for _, b in agree), 4),
-                     "identical_prompts": sum(r.tokens == t for r, t in zip(got, ref)),
+                     "tokens": ntok, **agreement_summary([r.tokens for r in got], ref),
                      "seconds": round(sec, 2), "tokens_per_s": round(ntok / sec, 1)})
         log(rows[-1])
     variants = [(b, c) for b in backends  # capacity: the kernel backend only
@@ -110,16 +107,12 @@ def run_e2e(model, evals, graph, deltas, ffn_gates, max_new, dev, log,
             for r in got:
                 if r.fold is not None:
                     stats.merge(r.fold)
-            agree = [token_agreement(r.tokens, t) for r, t in zip(got, ref)]
             toks = sum(len(r.tokens) for r in got)
             rows.append({"decoder": "specfold", "backend": backend, "delta": delta,
                          **({"capacity": capacity} if backend == "triton" else {}),
                          "ffn_gate": ffn_gate,
                          "nfe": sum(r.nfe for r in got), "tokens": toks,
-                         "agreement": round(sum(a for a, _ in agree) / sum(b for _, b in agree),
-                                            4),
-                         "identical_prompts": sum(r.tokens == t for r, t in zip(got, ref)),
-                         "prompts": len(got), **stats.summary(),
+                         **agreement_summary([r.tokens for r in got], ref), **stats.summary(),
                          "projected_flop_saving": projected_flops(model.config, stats,
                                                                   bs)["saving"],
                          "seconds": round(sec, 2), "tokens_per_s": round(toks / sec, 1)})

@@ -21,7 +21,7 @@ import torch
 from dllm_setup import add_args, load
 
 from specfold_plugin.gate import gate, gate_vs_source
-from specfold_plugin.specfold import FoldedVerify, token_agreement
+from specfold_plugin.specfold import FoldedVerify, agreement_summary
 from spiffy_plugin.spiffy import spiffy_generate
 
 GATES = {"parent": gate, "source": gate_vs_source}
@@ -43,12 +43,7 @@ def main() -> int:
             t0 = time.perf_counter()
             got = [spiffy_generate(model, x, graph, params, n, verify=verify).tokens
                    for x in evals]
-            agree = [token_agreement(x, y) for x, y in zip(got, ref)]
-            rows.append({"delta": delta, "gate_ref": name,
-                         "agreement": round(sum(x for x, _ in agree) / sum(y for _, y in agree),
-                                            4),
-                         "identical_prompts": sum(x == y for x, y in zip(got, ref)),
-                         "prompts": len(evals),
+            rows.append({"delta": delta, "gate_ref": name, **agreement_summary(got, ref),
                          "fold_qkv_drafts": round(verify.stats.fold_ratio("qkv", True), 4),
                          "fold_ffn_drafts": round(verify.stats.fold_ratio("ffn", True), 4),
                          "seconds": round(time.perf_counter() - t0, 1)})

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from dllm_setup import add_args, load
 
-from specfold_plugin.specfold import FoldedVerify, token_agreement
+from specfold_plugin.specfold import FoldedVerify, agreement_summary
 from spiffy_plugin.runtime import BlockDiffusionRunner
 from spiffy_plugin.spiffy import Verify, dense_verify, spiffy_generate
 
@@ -86,11 +86,8 @@ def noise_verify(eps: float, block: int) -> Verify:
 
 def agreement_row(name: str, got: list[list[int]], ref: list[list[int]], nfe: int,
                   seconds: float, errors: tuple[float, float] | None) -> dict:
-    agree = [token_agreement(x, y) for x, y in zip(got, ref)]
-    row = {"decoder": name, "agreement": round(sum(a for a, _ in agree) /
-                                              sum(b for _, b in agree), 4),
-           "identical_prompts": sum(x == y for x, y in zip(got, ref)), "prompts": len(ref),
-           "nfe": nfe, "seconds": round(seconds, 1)}
+    row = {"decoder": name, **agreement_summary(got, ref), "nfe": nfe,
+           "seconds": round(seconds, 1)}
     if errors is not None:
         row["logit_error_median"], row["logit_error_p90"] = (float(f"{e:.3g}") for e in errors)
     print(json.dumps(row), flush=True)

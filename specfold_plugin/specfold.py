@@ -88,3 +88,12 @@ def specfold_generate(model, prompt: list[int], graph: DraftGraph,
 def token_agreement(a: list[int], b: list[int]) -> tuple[int, int]:
     """(positions where the two outputs hold the same token, length of the longer)."""
     return sum(x == y for x, y in zip(a, b)), max(len(a), len(b))
+
+
+def agreement_summary(outs: list[list[int]], refs: list[list[int]]) -> dict:
+    """Over many prompts: share of tokens equal at the same index (`token_agreement`, summed),
+    prompts with identical outputs, prompts."""
+    pairs = [token_agreement(a, b) for a, b in zip(outs, refs)]
+    total = sum(t for _, t in pairs)
+    return {"agreement": round(sum(s for s, _ in pairs) / total, 4) if total else 1.0,
+            "identical_prompts": sum(a == b for a, b in zip(outs, refs)), "prompts": len(refs)}

@@ -7,7 +7,12 @@ import torch
 
 from specfold_plugin.cli import main as specfold_main
 from specfold_plugin.fold import folded_forward
-from specfold_plugin.specfold import FoldedVerify, specfold_generate, token_agreement
+from specfold_plugin.specfold import (
+    FoldedVerify,
+    agreement_summary,
+    specfold_generate,
+    token_agreement,
+)
 from specfold_plugin.stats import FoldStats, projected_flops
 from spiffy_plugin.decode import DecodeParams
 from spiffy_plugin.errors import ConfigError
@@ -175,3 +180,10 @@ def test_stats_merge_adds_counters():
     assert a.prefix_qk_dense == 32 * 10 + 48 * 20 and a.prefix_qk_folded == 400 + 1000
     assert a.fold_ratio("qkv") == pytest.approx(1 - 90 / 160)
     assert a.fold_ratio("qkv", drafts_only=True) == pytest.approx(1 - (90 - 64) / (160 - 64))
+
+
+def test_agreement_summary_counts_tokens_at_the_same_index():
+    outs = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    refs = [[1, 2, 3, 4], [5, 9, 6], [8, 7, 9]]  # shifted / swapped: later tokens count against
+    assert agreement_summary(outs, refs) == {"agreement": round(6 / 10, 4),
+                                             "identical_prompts": 1, "prompts": 3}
