@@ -36,9 +36,10 @@ def sh(cmd, cwd=None, env=None, timeout=300) -> str:
 
 
 def copy_paths(dest: Path, paths=None) -> Path:
-    """Copy the checkout's files (tracked + untracked, not ignored), or only `paths`, to dest."""
+    """Copy the checkout's files (tracked + untracked, not ignored; no model weights), or only
+    those under `paths`, to dest."""
     listed = sh(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT).split("\0")
-    for rel in filter(None, listed):
+    for rel in filter(lambda r: r and not r.endswith(".safetensors"), listed):
         if paths is None or any(rel == p or rel.startswith(p.rstrip("/") + "/") for p in paths):
             src = ROOT / rel
             if src.is_file():
