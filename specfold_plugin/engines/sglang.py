@@ -4,15 +4,24 @@ The config is Spiffy's (graph file, D = `budget`, D* = `keep`, rule) plus `delta
 threshold: a draft position whose residual differs from its parent's by at most delta reuses the
 parent's QKV/FFN (delta = 0 folds only exact repeats); inside SGLang the folding runs in a wrapper
 of the SDAR decoder layer (`sglang_fold.py`, driven by `sglang_algorithm.py`). Imports no SGLang
-at module import.
+at module import. SGLang < 0.5.21 runs SpecFold unfolded (see `dflash_plugin.engines.versions`).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+from dflash_plugin.engines.versions import (
+    LEGACY_SPECFOLD,
+    SGLANG_LAYER_BOUNDARY,
+    describe,
+    installed,
+    sglang_at_least,
+)
 from spiffy_plugin.engines.sglang import (
+    ALGORITHMS,
     FIELD,
     SpiffyConfig,
     parse_spiffy_config,
@@ -20,6 +29,7 @@ from spiffy_plugin.engines.sglang import (
 )
 from spiffy_plugin.errors import require
 
+logger = logging.getLogger(__name__)
 DEFAULT_DELTA = 0.1
 
 
@@ -39,4 +49,10 @@ def parse_specfold_config(raw: Any, *, block_size: int, mask_id: int) -> SpecFol
 
 
 def register() -> None:
-    register_dllm_algorithm("SpecFold", "specfold_plugin.engines.sglang_algorithm:SpecFold")
+    """Register `--dllm-algorithm SpecFold`. On SGLang < 0.5.21, whose SDAR layers lack the
+    layer-boundary API the folded layer is written for, log once that SpecFold runs unfolded."""
+    first = "SpecFold" not in ALGORITHMS
+    register_dllm_algorithm("SpecFold", "specfold_plugin.engines.sglang_algorithm:SpecFold",
+                            "specfold_plugin.engines.sglang:parse_specfold_config")
+    if first and not sglang_at_least(SGLANG_LAYER_BOUNDARY):
+        logger.warning(LEGACY_SPECFOLD, describe(installed("sglang")))

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import torch
 
+from dflash_plugin.engines.versions import LEGACY_SPECFOLD, describe, installed
 from spiffy_plugin.engines.sglang_algorithm import Spiffy
 from spiffy_plugin.engines.sglang_drafts import CanvasState
 from spiffy_plugin.spiffy import branch_parents
 
 from ..stats import FoldStats
 from .sglang import parse_specfold_config
-from .sglang_fold import FoldPlan, Group, active, install
+from .sglang_fold import FoldPlan, Group, active, install, sdar_blocks
 
 logger = logging.getLogger(__name__)
 DUMPS = 3
@@ -65,6 +66,8 @@ class SpecFold(Spiffy):
                 self.fold = FoldStats(self.layers)
                 logger.info("SpecFold: folding %d SDAR layers (delta=%g)", self.layers,
                             self.delta)
+            elif sdar_blocks(model_runner.model):  # SGLang < 0.5.21 (see versions.py)
+                self.warn_once(LEGACY_SPECFOLD % describe(installed("sglang")))
             else:
                 self.warn_once(f"folding needs SGLang's SDAR model, got "
                                f"{type(model_runner.model).__name__}: drafts are scored densely")

@@ -132,12 +132,24 @@ def folded_block(
     return layer.ffn_boundary.finish(y, forward_batch)
 
 
+def sdar_blocks(model) -> list:
+    """The SDARBlock layers of an SGLang SDAR model ([] for any other model)."""
+    layers = getattr(getattr(model, "model", None), "layers", None) or []
+    return [m for m in layers if type(m).__name__ == "SDARBlock"
+            and type(m).__module__ == "sglang.srt.models.sdar"]
+
+
+def has_layer_boundary(block) -> bool:
+    """SGLang >= 0.5.21's SDARBlock (`attn_boundary`/`ffn_boundary`, forward without residual),
+    the layout `folded_block` is written for; older ones use a `layer_communicator`."""
+    return hasattr(block, "attn_boundary") and hasattr(block, "ffn_boundary")
+
+
 def install(model) -> int:
     """Wrap every SDARBlock of an SGLang SDAR model (once); returns the wrapped layer count, 0
-    when `model` is not SGLang's SDAR model (then nothing is wrapped and nothing folds)."""
-    layers = getattr(getattr(model, "model", None), "layers", None) or []
-    blocks = [m for m in layers if type(m).__name__ == "SDARBlock"
-              and type(m).__module__ == "sglang.srt.models.sdar"]
+    when `model` is not SGLang's SDAR model or its layers predate the layer-boundary API (then
+    nothing is wrapped and nothing folds)."""
+    blocks = [m for m in sdar_blocks(model) if has_layer_boundary(m)]
     for m in blocks:
         if getattr(m, "_specfold_wrapped", False):
             continue

@@ -137,7 +137,9 @@ def checkpoint_defaults(hf_config: Any, algorithm_config: dict) -> tuple[int | N
 
 # --- registration (SGLang imported only from here on, inside functions) -----------------------
 ALGORITHMS: dict[str, str] = {}  # --dllm-algorithm name -> "module:Class"; filled by register
+PARSERS: dict[str, str] = {}  # name -> "module:function" of its SGLang-free config parser
 GET_ALGORITHM = "sglang.srt.dllm.algorithm.get_algorithm_cls"
+GET_ALGORITHM_LEGACY = "sglang.srt.dllm.algorithm.get_algorithm"  # SGLang < 0.5.21 (by config)
 DLLM_CONFIG = "sglang.srt.dllm.config.DllmConfig.from_server_args"
 
 
@@ -150,21 +152,47 @@ def _resolve_algorithm(original, name, *args, **kwargs):
     return original(name, *args, **kwargs)
 
 
+def _build_algorithm(original, config, *args, **kwargs):
+    """AROUND hook on `get_algorithm(config)`, SGLang < 0.5.21's only lookup (it has no
+    `get_algorithm_cls`): our names are built here, all others by SGLang."""
+    import pkgutil
+
+    if getattr(config, "algorithm", None) in ALGORITHMS:
+        return pkgutil.resolve_name(ALGORITHMS[config.algorithm])(config)
+    return original(config, *args, **kwargs)
+
+
 def _apply_dllm_defaults(result, server_args, *args, **kwargs):
     """AFTER hook on `DllmConfig.from_server_args`. For our algorithms, the YAML key
     `max_running_requests` sets the requests denoised at once, apart from the server's
     `--max-running-requests`, which also bounds the sequences of one forward (requests x
     (1 + D*) with drafts). SDAR checkpoints that declare their mask token (ours, see `sdar.py`)
-    get their mask id and block size; others are left as SGLang made them."""
+    get their mask id and block size; others are left as SGLang made them. On SGLang < 0.5.21
+    (no `configure_server_args` at launch) our algorithm config is also validated here, which
+    SGLang runs while it resolves the server arguments."""
+    result = _dllm_defaults(result, server_args)
+    if result is not None and result.algorithm in PARSERS and not _names_resolve():
+        import pkgutil
+
+        pkgutil.resolve_name(PARSERS[result.algorithm])(
+            result.algorithm_config, block_size=result.block_size, mask_id=result.mask_id)
+    return result
+
+
+def _dllm_defaults(result, server_args):
     if result is None:
         return result
     n = result.algorithm_config.get("max_running_requests")
     if result.algorithm in ALGORITHMS and isinstance(n, int) and n >= 1:  # else parse() fails
         result.max_running_requests = n
-    from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.configs.model_config import ModelConfig
 
-    cfg = resolving_view(server_args)
+    try:
+        from sglang.srt.arg_groups.overrides import resolving_view
+    except ImportError:  # SGLang < 0.5.19 reads the server arguments (or their view) directly
+        cfg = server_args
+    else:
+        cfg = resolving_view(server_args)
     hf = ModelConfig.from_server_args(server_args, model_path=cfg.model_path,
                                       model_revision=cfg.revision).hf_config
     if (getattr(hf, "architectures", None) or [""])[0] not in ("SDARForCausalLM",
@@ -178,19 +206,34 @@ def _apply_dllm_defaults(result, server_args, *args, **kwargs):
     return result
 
 
-def register_dllm_algorithm(name: str, class_path: str) -> None:
+def _names_resolve() -> bool:
+    """SGLang >= 0.5.21: algorithms are looked up by name (`get_algorithm_cls`) and validate
+    their config at launch (`configure_server_args`)."""
+    from dflash_plugin.engines.versions import SGLANG_ALGORITHM_CLS, sglang_at_least
+
+    return sglang_at_least(SGLANG_ALGORITHM_CLS)
+
+
+def register_dllm_algorithm(name: str, class_path: str, parser: str | None = None) -> None:
     """Make `--dllm-algorithm NAME` resolve to `class_path` ("module:Class", imported when
-    SGLang asks for it). Idempotent. SGLang has no registry for dLLM algorithms (it collects the
-    modules of its own package), so this uses its plugin hook registry."""
+    SGLang asks for it); `parser` ("module:function", SGLang-free) validates its config at launch
+    where SGLang does not ask the class. Idempotent. SGLang has no registry for dLLM algorithms
+    (it collects the modules of its own package), so this uses its plugin hook registry."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     first = not ALGORITHMS
     prev = ALGORITHMS.setdefault(name, class_path)
     require(prev == class_path, "--dllm-algorithm", f"{name!r} is already registered as {prev}")
+    if parser is not None:
+        PARSERS[name] = parser
     if first:
-        HookRegistry.register(GET_ALGORITHM, _resolve_algorithm, HookType.AROUND)
+        if _names_resolve():
+            HookRegistry.register(GET_ALGORITHM, _resolve_algorithm, HookType.AROUND)
+        else:
+            HookRegistry.register(GET_ALGORITHM_LEGACY, _build_algorithm, HookType.AROUND)
         HookRegistry.register(DLLM_CONFIG, _apply_dllm_defaults, HookType.AFTER)
 
 
 def register() -> None:
-    register_dllm_algorithm("Spiffy", "spiffy_plugin.engines.sglang_algorithm:Spiffy")
+    register_dllm_algorithm("Spiffy", "spiffy_plugin.engines.sglang_algorithm:Spiffy",
+                            "spiffy_plugin.engines.sglang:parse_spiffy_config")

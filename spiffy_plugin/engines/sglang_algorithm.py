@@ -7,6 +7,8 @@ share the request's committed-prefix KV slots and own fresh slots for their bloc
 reference's replay), so one forward may advance several denoising steps, and greedy output stays
 token-identical to `spiffy generate`. SGLang's own loops (`DllmAlgorithm._run_sync` / `_run_fdfo`)
 drive the forwards unchanged: `run` hands them a `Scorer` in place of the model runner.
+SGLang < 0.5.21 does not call `prepare_inputs` before a forward; there `run` and `step` hand the
+Scorer the request states themselves (see `HANDS_STATES`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from .sglang_batch import DraftRows, extend_batch, unsupported
 from .sglang_drafts import CanvasState, Draft, advance, drafts_to_score
 
 logger = logging.getLogger(__name__)
+# SGLang >= 0.5.21 calls `prepare_inputs(runner, batch, states)` before every forward of its loops.
+HANDS_STATES = "prepare_inputs" in vars(DllmAlgorithm)
 
 
 def kv_block_copier(pool):
@@ -134,18 +138,27 @@ class Spiffy(DllmAlgorithm):
 
     def init_step_state(self, forward_batch) -> list[Any]:
         ids = forward_batch.input_ids.view(forward_batch.batch_size, self.block_size)
-        prompt = forward_batch.dllm_prompt_mask
+        prompt = getattr(forward_batch, "dllm_prompt_mask", None)  # SGLang >= 0.5.23
         prompt = prompt if prompt is not None else ids != self.mask_id
         return [CanvasState(p.cpu().clone()) for p in prompt]
 
     def run(self, model_runner, forward_batch, algo_states=None):
         """SGLang's own loop over a `Scorer`; draft rows are freed when it ends, errors too."""
         self._scorer = Scorer(self, model_runner)
+        if not HANDS_STATES and self.fdfo:  # the states SGLang's FDFO loop would build
+            algo_states = self._carried_states(forward_batch, algo_states)
+            self._scorer.states = algo_states
         try:
             return super().run(self._scorer, forward_batch, algo_states)
         finally:
             self._scorer.rows.release()
             self.totals["forwards"] += self._scorer.forwards
+
+    def _carried_states(self, forward_batch, algo_states) -> list[Any]:
+        """Each request's carried state, or a fresh one (as SGLang's `_run_fdfo` makes them)."""
+        carried = algo_states or [None] * forward_batch.batch_size
+        fresh = self.init_step_state(forward_batch) if None in carried else None
+        return [fresh[i] if s is None else s for i, s in enumerate(carried)]
 
     def prepare_inputs(self, model_runner, forward_batch, states) -> None:
         if isinstance(model_runner, Scorer):
@@ -158,6 +171,8 @@ class Spiffy(DllmAlgorithm):
         states: list[Any],  # CanvasState per request
     ) -> list[bool]:  # per request: its final canvas's K/V are in the cache
         sc, bs, b = self._scorer, self.block_size, forward_batch.batch_size
+        if not HANDS_STATES:  # for the loop's next forward (SGLang < 0.5.21)
+            sc.states = states
         ids = forward_batch.input_ids.view(b, bs).cpu().clone()
         logits = full_logits.view(b, bs, -1)
         translator = getattr(sc.mr, "kv_index_translator", None)

@@ -5,7 +5,8 @@ positions. Its req_to_token row repeats the root's committed-prefix slots, so th
 shared (read in place, neither recomputed nor copied), and ends in `block_size` slots freshly
 allocated for the draft block's own K/V. Each row sees the prefix and its own block only (every
 backend reads a sequence's K/V through its req_to_token row). `DraftRows` owns the rows and slots
-of one forward and frees them in `release`.
+of one forward and frees them in `release`. Fields and pool methods an older SGLang lacks are
+probed (see `dflash_plugin.engines.versions`).
 """
 
 from __future__ import annotations
@@ -74,12 +75,12 @@ class DraftRows:
         assert not self.rows and self.slots is None, "release the previous rows first"
         if n == 0:
             return False
-        rows = self.mr.req_to_token_pool.alloc_rows(n)
+        rows = alloc_rows(self.mr.req_to_token_pool, n)
         if rows is None:
             return False
         slots = self.mr.token_to_kv_pool_allocator.alloc(n * block_size)
         if slots is None:
-            self.mr.req_to_token_pool.free_rows(rows)
+            free_rows(self.mr.req_to_token_pool, rows)
             return False
         self.rows, self.slots = list(rows), slots.to(torch.int64)
         return True
@@ -91,8 +92,36 @@ class DraftRows:
         if self.slots is not None:
             self.mr.token_to_kv_pool_allocator.free(self.slots)
         if self.rows:
-            self.mr.req_to_token_pool.free_rows(self.rows)
+            free_rows(self.mr.req_to_token_pool, self.rows)
         self.rows, self.slots = [], None
+
+
+def alloc_rows(pool, n: int) -> list[int] | None:
+    """`n` req_to_token rows bound to no request: `ReqToTokenPool.alloc_rows` (SGLang >= 0.5.19),
+    else the same taken from the pool's free list, as that method does."""
+    if hasattr(pool, "alloc_rows"):
+        return pool.alloc_rows(n)
+    return take_free_rows(pool, n)
+
+
+def free_rows(pool, rows: list[int]) -> None:
+    if hasattr(pool, "free_rows"):
+        pool.free_rows(rows)
+    else:
+        pool.free_slots.extend(rows)
+
+
+def take_free_rows(pool, n: int) -> list[int] | None:
+    """SGLang 0.5.19's `alloc_rows` on an older pool (free list `free_slots`, row generations)."""
+    if n > len(pool.free_slots):
+        return None
+    if n == 0:
+        return []
+    rows = pool.free_slots[-n:]
+    del pool.free_slots[-n:]
+    if getattr(pool, "req_generation", None) is not None:
+        pool.req_generation[rows] += 1
+    return rows
 
 
 def extend_batch(
@@ -142,13 +171,20 @@ def extend_batch(
         extend_start_loc=None if start is None else
         torch.arange(b + n, dtype=start.dtype, device=start.device) * bs,
         global_num_token_non_padded_cpu=tokens,
-        global_num_token_non_padded=None if fb.global_num_token_non_padded is None else
-        torch.tensor(tokens, dtype=fb.global_num_token_non_padded.dtype,
-                     device=fb.global_num_token_non_padded.device),
+        global_num_token_non_padded=_count_like(getattr(fb, "global_num_token_non_padded", None),
+                                                tokens),
         forward_metadata_ready=False, kv_loc_plan=None, kv_loc_cols=None,
         out_cache_loc_virtual=None)
-    out = dataclasses.replace(fb, **new)
+    fields = {f.name for f in dataclasses.fields(fb)}
+    if "num_token_non_padded_cpu" in fields:  # SGLang < 0.5.20's name of the count above
+        new.update(num_token_non_padded_cpu=tokens,
+                   num_token_non_padded=_count_like(fb.num_token_non_padded, tokens))
+    out = dataclasses.replace(fb, **{k: v for k, v in new.items() if k in fields})
     translator = getattr(rows.mr, "kv_index_translator", None)
     if translator is not None:  # its write ids: the new out_cache_loc (SGLang's own binding)
         translator.bind_own_plan(out)
     return out
+
+
+def _count_like(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    return None if t is None else torch.tensor(n, dtype=t.dtype, device=t.device)
