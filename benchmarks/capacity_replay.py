@@ -1,6 +1,6 @@
 """Replay of SpecFold's capacity planning on recorded fold counts (CPU; no kernels run).
 
-    PYTHONPATH=. python benchmarks/capacity_replay.py --model ../shared/fixtures/code-dllm \
+    PYTHONPATH=. python benchmarks/capacity_replay.py --model examples/fixtures/code-dllm \
         --eval 0:8 --deltas 0.05 0.1 --windows 1 4 8 16 --out DIR
 
 Decodes the --eval prompts greedily with SpecFold's torch reference (fp32, D = --budget graph

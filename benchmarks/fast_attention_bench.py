@@ -221,7 +221,7 @@ def main() -> None:
     if "sdpa" not in args.attentions:
         args.attentions.insert(0, "sdpa")  # the reference of every check and ratio
     device = torch.device(args.device)
-    if device.type == "cpu":  # kernels.attention is imported lazily: this reaches its @jit
+    if device.type == "cpu":  # specdec_kernels.attention is imported lazily: this reaches its @jit
         os.environ.setdefault("TRITON_INTERPRET", "1")
     if args.dry_run:
         args.shapes, args.contexts, args.batches = ["tiny"], [24, 40], [1, 2]

@@ -41,10 +41,9 @@ if ARGS.device == "cpu":
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-
-from kernels import reference as ref  # noqa: E402
-from kernels.attention import _auto_splits, branch_attention  # noqa: E402
-from kernels.gate import fold_plan, take_rows  # noqa: E402
+from specdec_kernels import reference as ref  # noqa: E402
+from specdec_kernels.attention import _auto_splits, branch_attention  # noqa: E402
+from specdec_kernels.gate import fold_plan, take_rows  # noqa: E402
 
 DEV = torch.device(ARGS.device)
 ITERS, WARMUP = (3, 1) if ARGS.dry_run else (ARGS.iters, 20)

@@ -1,6 +1,6 @@
 """Model forwards of Spiffy inside SGLang's own server, next to one-step decoding and our runtime.
 
-    python benchmarks/sglang_spiffy_nfe.py --model ../shared/fixtures/code-dllm \
+    python benchmarks/sglang_spiffy_nfe.py --model examples/fixtures/code-dllm \
         --prompts examples/fixtures/dev-prompts.jsonl --calib 32:40 --eval 0:4 \
         --budget 8 --max-new-tokens 96 --out benchmarks/results/sglang-spiffy-nfe.json
 CPU only (SGLang's `--device cpu`, torch-native attention, fp32; needs the SGLang test env of

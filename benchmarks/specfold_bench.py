@@ -1,7 +1,7 @@
 """SpecFold vs Spiffy vs vanilla: fold ratio, agreement, NFE (any device); verify latency and
 tokens/s (CUDA only; CPU seconds are recorded but are not a speed result).
 
-    PYTHONPATH=. python benchmarks/specfold_bench.py --model ../shared/fixtures/code-dllm \
+    PYTHONPATH=. python benchmarks/specfold_bench.py --model examples/fixtures/code-dllm \
         --prompts examples/fixtures/dev-prompts.jsonl --calib 32:40 --eval 0:8 \
         --max-new-tokens 128 --budget 10 --out benchmarks/results/specfold-cpu
 Sections (`--sections`): `e2e` = vanilla / Spiffy / SpecFold per delta on the eval prompts

@@ -1,7 +1,7 @@
 """Verify-forward latency: dense vs SpecFold folded, torch reference vs the Triton kernel backend.
 
     python benchmarks/specfold_fast_bench.py --model .carry/code-dllm --out $OUT/sf    # H200
-    python benchmarks/specfold_fast_bench.py --model ../shared/fixtures/code-dllm --device cpu \\
+    python benchmarks/specfold_fast_bench.py --model examples/fixtures/code-dllm --device cpu \\
         --dry-run --out /tmp/sf                                                          # logic
 Per (shape, D* kept drafts, requests, delta): `dense_hf` = Spiffy's dense verify (HF forward) and
 `folded_torch` = `fold.folded_forward` (1 request, eager); `dense_fast` / `folded_fast` = the

@@ -1,7 +1,7 @@
 """SpecFold's gate measured against the parent (the issue's rule, `gate`) vs against the fold
 source (`gate_vs_source`): token agreement with Spiffy and fold ratios, torch reference, fp32.
 
-    python benchmarks/specfold_gate_ref.py --model ../shared/fixtures/code-dllm --eval 0:16 \
+    python benchmarks/specfold_gate_ref.py --model examples/fixtures/code-dllm --eval 0:16 \
         --deltas 0.02 0.05 0.1 0.2 --out DIR
 
 Draft graph calibrated as in `specfold_bench.py` (D = --budget on --calib prompts); every

@@ -2,7 +2,7 @@
 changes? Token agreement with exact Spiffy against the draft rows' logit error, for SpecFold's
 folding and for seeded random noise of known size (torch reference, CPU or GPU, fp32).
 
-    PYTHONPATH=. python benchmarks/specfold_sensitivity.py --model ../shared/fixtures/code-dllm \
+    PYTHONPATH=. python benchmarks/specfold_sensitivity.py --model examples/fixtures/code-dllm \
         --eval 0:16 --noise 1e-4 1e-3 1e-2 --deltas 0.02 0.1 --out DIR
 
 Every row decodes the --eval prompts greedily with Spiffy's loop (D = --budget, calibrated on

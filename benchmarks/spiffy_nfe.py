@@ -1,6 +1,6 @@
 """NFE of block-diffusion decoding with and without Spiffy, side by side on the same prompts.
 
-    python benchmarks/spiffy_nfe.py --model ../shared/fixtures/code-dllm \
+    python benchmarks/spiffy_nfe.py --model examples/fixtures/code-dllm \
         --prompts examples/fixtures/dev-prompts.jsonl --calib 32:48 --eval 0:8 \
         --max-new-tokens 256 --budgets 3 5 8 10 --out benchmarks/results/spiffy-nfe.json
 Graphs are calibrated on the `--calib` slice of the prompts (the decoder runs once per rule; the

@@ -1,9 +1,9 @@
 """Triton kernels with a pure-torch reference for every op (see kernels/reference.py).
 
-Modules (import them directly; this file imports nothing, so `import kernels` needs no triton):
-`gate` (SpecFold residual gate, fold sources, compaction), `attention` (paged branch attention),
-`merge` (exact merge of partial attention states), `reference` (torch only).
-
-Note: the import name `kernels` is shared with Hugging Face's `kernels` package. This package
-never defines `get_kernel`, so transformers' `is_kernels_available()` stays False with it installed.
+Installed under the import name `specdec_kernels` (the folder `kernels/` maps to it in
+pyproject.toml): the name `kernels` belongs to Hugging Face's `kernels` package, which SGLang
+requires and transformers probes, and installing over it would break both.
+Modules (import them directly; this file imports nothing, so `import specdec_kernels` needs no
+triton): `gate` (SpecFold residual gate, fold sources, compaction), `attention` (paged branch
+attention), `merge` (exact merge of partial attention states), `reference` (torch only).
 """

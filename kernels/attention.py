@@ -6,9 +6,9 @@ each branch's own *block* K/V under a per-branch visibility mask. GQA: the query
 a KV head are packed into one tile, whose rows are (branch, query position, head in group).
 State (m, l) is in natural-log units: m = max of scale * q.k, l = sum exp(scale * q.k - m); a query
 that sees no key gets out = 0, m = -inf, l = 0. Pass only the prefix or only the block arguments to
-get one partial attention; kernels.reference.merge_states combines two partials exactly.
+get one partial attention; specdec_kernels.reference.merge_states combines two partials exactly.
 Split-K: with num_splits S > 1 each program takes 1/S of the prefix pages (the last also the
-blocks) and writes an fp32 partial; kernels.merge.merge_partials combines them (GPU: S is chosen
+blocks) and writes an fp32 partial; merge.merge_partials combines them (GPU: S is chosen
 so that about two programs run per SM).
 """
 

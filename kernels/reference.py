@@ -85,7 +85,7 @@ def scatter_rows(y: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
 
 def fold_plan(hidden: torch.Tensor, parent: torch.Tensor, delta: float = 0.1, segments: int = 1,
               capacity: int | None = None):
-    """Reference of kernels.gate.fold_plan: (rho, folded, src, rows, slot, count)."""
+    """Reference of specdec_kernels.gate.fold_plan: (rho, folded, src, rows, slot, count)."""
     rho, folded = gate(hidden, parent, delta)
     src = resolve_sources(folded, parent)
     return (rho, folded, src, *compact(src, segments, capacity))
@@ -101,7 +101,7 @@ def paged_prefix(cache: torch.Tensor, block_table: torch.Tensor, length: int) ->
 
 def attention(q, k_cache=None, v_cache=None, block_table=None, prefix_lens=None, k_blk=None,
               v_blk=None, blk_mask=None, prefix_visible=None, scale=None):
-    """Reference of kernels.attention.branch_attention (same arguments, see there).
+    """Reference of specdec_kernels.attention.branch_attention (same arguments, see there).
 
     Materialises every branch's keys (prefix then own block) and runs a dense fp32 softmax.
     returns out [rows, branches, q_len, heads, dim] (q.dtype),
@@ -167,7 +167,7 @@ def merge_states(out_a, m_a, l_a, out_b, m_b, l_b):
 
 
 def merge_pair(out_a, m_a, l_a, out_b, m_b, l_b, rows_a=None, dtype=None):
-    """Reference of kernels.merge.merge_pair: row r merges a's row rows_a[r] (-1 = empty; all
+    """Reference of merge.merge_pair: row r merges a's row rows_a[r] (-1 = empty; all
     rows in order when None) with b's row r.
 
     out_a,  # [Ra, heads, dim]; m_a, l_a [Ra, heads] fp32

@@ -2,11 +2,13 @@
 
 Rows are flat (request, branch, position), T = requests x branches x positions. A *prefix* is the
 committed KV cache of every request seen as pages (views, no copy). Per folded layer and gate,
-`kernels.gate.fold_plan` gates, resolves sources and compacts each request's recomputed rows into
+`specdec_kernels.gate.fold_plan`
+gates, resolves sources and compacts each request's recomputed rows into
 `capacity` slots (a static size; the true `count` stays on the device); QKV / FFN run on the
 compact batch and `take_rows` fans results out to every row. Attention of a row = merge of its
 source's state over the prefix (computed once per compact row) and its own state over its
-branch's block K/V (`kernels.merge.merge_pair`). Same math as `fold.folded_layer` (the spec).
+branch's block K/V (`specdec_kernels.merge.merge_pair`).
+Same math as `fold.folded_layer` (the spec).
 Nothing here reads a device value on the host (except with `sync` capacities, None: each gate
 sizes its compact batch from its true count), so a forward can be captured in a CUDA graph.
 """
@@ -16,10 +18,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-
-from kernels.attention import branch_attention
-from kernels.gate import compact, fold_plan, resolve_sources, take_rows
-from kernels.merge import merge_pair
+from specdec_kernels.attention import branch_attention
+from specdec_kernels.gate import compact, fold_plan, resolve_sources, take_rows
+from specdec_kernels.merge import merge_pair
 
 from .fold import _rope
 

@@ -4,7 +4,7 @@
 target's causal mask (visible = position + 1) and the drafter's block mask (visible = length + q
 for every query of the block) both take this form; a forward writes its own K/V before attending.
 Backends: "sdpa" (torch SDPA under a boolean mask over all max_len slots) and "triton"
-(`kernels.branch_attention`, which streams only the visible slots: the cache layer [batch,
+(`specdec_kernels.branch_attention`, which streams only the visible slots: the cache layer [batch,
 kv_heads, max_len, dim] is viewed as one page of max_len slots per row, block_table[r] = [r]).
 """
 
@@ -29,7 +29,7 @@ def resolve_backend(attention: str, device: torch.device) -> str:
     if device.type != "cuda":
         return "sdpa"
     try:
-        import kernels.attention  # noqa: F401
+        import specdec_kernels.attention  # noqa: F401
     except ImportError:
         return "sdpa"
     return "triton"
@@ -42,9 +42,10 @@ def check_backend(attention: str, device: torch.device) -> None:
         require(device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1", "attention",
                 f"'triton' needs a CUDA device (or TRITON_INTERPRET=1 on CPU), got {device}")
         try:
-            import kernels.attention  # noqa: F401
+            import specdec_kernels.attention  # noqa: F401
         except ImportError as err:
-            raise ConfigError("attention", f"'triton' needs Triton and `kernels`: {err}") from None
+            raise ConfigError("attention",
+                              f"'triton' needs Triton and `specdec_kernels`: {err}") from None
 
 
 @dataclass
@@ -94,7 +95,7 @@ def attend(
         qg = q.reshape(b, k.shape[1], g * s, d)
         out = F.scaled_dot_product_attention(qg, k, v, attn_mask=p.mask, scale=d ** -0.5)
         return out.reshape(b, h, s, d).transpose(1, 2).reshape(b, s, h * d)
-    from kernels.attention import branch_attention
+    from specdec_kernels.attention import branch_attention
 
     qs = q.transpose(1, 2)  # [batch, s, heads, d] (a view)
     # per-query lengths: each query is a branch of length 1; else one branch of s queries

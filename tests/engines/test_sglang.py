@@ -25,7 +25,7 @@ from spiffy_plugin.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_ENV = ROOT / ".venv" / "sglang"
 CHECKS = sorted((ROOT / "tests" / "engines" / "sglang_env").glob("checks*.py"))
-DLLM = ROOT.parent / "shared" / "fixtures" / "code-dllm"
+DLLM = ROOT / "examples" / "fixtures" / "code-dllm"
 
 
 def _check_functions():
@@ -82,8 +82,7 @@ def test_adapters_import_without_sglang():
 
 @pytest.fixture(scope="module")
 def sdar(tmp_path_factory):
-    if not (DLLM / "config.json").is_file():
-        pytest.skip(f"code-dllm fixture not found at {DLLM}")
+    assert (DLLM / "config.json").is_file(), f"bundled fixture missing: {DLLM}"
     return convert_to_sdar(DLLM, tmp_path_factory.mktemp("sdar") / "code-dllm-sdar")
 
 

@@ -41,7 +41,7 @@ pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_ENV = ROOT / ".venv" / "sglang"
 SITE = ROOT / "tests" / "engines" / "sglang_env" / "site"
-DLLM = ROOT.parent / "shared" / "fixtures" / "code-dllm"
+DLLM = ROOT / "examples" / "fixtures" / "code-dllm"
 PROMPTS = [p["prompt"] for p in map(json.loads, (ROOT / "examples" / "fixtures" /
                                                    "dev-prompts.jsonl").read_text().splitlines())]
 # A hand-made chain of guesses "the next 1 / 2 / 3 steps fill the most confident positions with
@@ -62,8 +62,7 @@ def sglang_env() -> dict[str, str]:
 def served(tmp_path_factory):
     if not (SGLANG_ENV / "soundfile.py").is_file():
         pytest.skip(f"SGLang test env missing ({SGLANG_ENV}): `make setup` installs it")
-    if not (DLLM / "config.json").is_file():
-        pytest.skip(f"code-dllm fixture not found at {DLLM}")
+    assert (DLLM / "config.json").is_file(), f"bundled fixture missing: {DLLM}"
     tmp = tmp_path_factory.mktemp("sglang-serve")
     sdar = convert_to_sdar(DLLM, tmp / "code-dllm-sdar")
     GRAPH.save(tmp / "graph.json")
@@ -175,8 +174,9 @@ FOLD_LINE = re.compile(r"SpecFold block: rid=(\S+) fold_forwards=(\d+) fold_qkv=
 
 @pytest.fixture(scope="module")
 def specfold(tmp_path_factory):
-    if not (SGLANG_ENV / "soundfile.py").is_file() or not (DLLM / "config.json").is_file():
-        pytest.skip("SGLang test env or code-dllm fixture missing (see `served`)")
+    if not (SGLANG_ENV / "soundfile.py").is_file():
+        pytest.skip("SGLang test env missing (see `served`)")
+    assert (DLLM / "config.json").is_file(), f"bundled fixture missing: {DLLM}"
     tmp = tmp_path_factory.mktemp("sglang-specfold")
     sdar = convert_to_sdar(DLLM, tmp / "code-dllm-sdar")
     GRAPH.save(tmp / "graph.json")

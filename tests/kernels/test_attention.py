@@ -1,4 +1,5 @@
-"""Paged branch attention vs kernels.reference.attention (interpreter on CPU, compiled on GPU).
+"""Paged branch attention vs specdec_kernels.reference.attention (interpreter on CPU, compiled on
+GPU).
 
 Outputs are NaN-poisoned before launch; cache pages no row references are NaN too, so reading
 outside the block table shows up. Tolerance: fp32 atol = rtol = 2e-5 (CPU, ieee dots); bf16
@@ -9,13 +10,13 @@ import math
 
 import pytest
 import torch
+from specdec_kernels import reference as ref
 
-from kernels import reference as ref
 from tests.kernels._util import CUDA, DEV, direct, poison_empty
 
 pytestmark = direct
-attn = pytest.importorskip("kernels.attention")
-merge = pytest.importorskip("kernels.merge")
+attn = pytest.importorskip("specdec_kernels.attention")
+merge = pytest.importorskip("specdec_kernels.merge")
 
 
 def make_case(rows, nb, ql, bl, h, kvh, d, ps, lens, seed, dtype=torch.float32, mask="dense"):

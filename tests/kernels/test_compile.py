@@ -35,7 +35,7 @@ def private_cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_gate_kernels_compile(dtype):
-    from kernels import gate
+    from specdec_kernels import gate
     i32 = "*i32"
     compile_sm90(gate._gate_kernel, {"h_ptr": f"*{dtype}", "parent_ptr": i32, "rho_ptr": "*fp32",
                                      "fold_ptr": "*i8", "delta": "fp32", "eps": "fp32"},
@@ -58,7 +58,7 @@ def test_gate_kernels_compile(dtype):
          D=64),
 ])
 def test_attention_and_merge_compile(flags):
-    from kernels import attention, merge
+    from specdec_kernels import attention, merge
     bf, f32 = "*bf16", "*fp32"
     types = {"q_ptr": bf, "kc_ptr": bf, "vc_ptr": bf, "bt_ptr": "*i32", "plen_ptr": "*i32",
              "pvis_ptr": "*i32", "kb_ptr": bf, "vb_ptr": bf, "mask_ptr": "*i8", "out_ptr": bf,
@@ -81,7 +81,7 @@ def test_specfold_fast_path_attention_compiles(g=4, d=128):
     """The three calls of specfold_plugin.fast_layers (Qwen3-8B heads): compact queries over the
     prefix with an fp32 state, every row over its own block (no mask) with an fp32 state, dense
     prefix + block."""
-    from kernels import attention
+    from specdec_kernels import attention
     bf, f32 = "*bf16", "*fp32"
     for prefix, block, state in ((True, False, True), (False, True, True), (True, True, False)):
         out = f32 if state else bf

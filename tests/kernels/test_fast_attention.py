@@ -1,4 +1,5 @@
-"""The fast runtime's "triton" attention backend (kernels.branch_attention over the static cache)
+"""The fast runtime's "triton" attention backend (specdec_kernels.branch_attention over the static
+cache)
 against its "sdpa" backend, fp32 on CPU under the interpreter (see conftest.py): `attend` on
 ragged visible lengths (per query and per row, split-K too) with stale slots poisoned; verify
 logits/features over a ragged batch; greedy `fast_generate` outputs of both backends. On a GPU
@@ -19,7 +20,7 @@ from tests.conftest import fitted_drafter
 from tests.kernels._util import CUDA, DEV, direct
 
 pytestmark = direct
-pytest.importorskip("kernels.attention")
+pytest.importorskip("specdec_kernels.attention")
 
 TOL = dict(atol=1e-4, rtol=1e-4) if CUDA else dict(atol=1e-5, rtol=1e-5)
 PROMPTS = [[5, 17, 29, 41], [9, 8, 7, 6, 5, 4], [11, 12], [20, 30, 40, 50, 60, 70, 80]]

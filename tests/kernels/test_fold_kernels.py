@@ -1,4 +1,5 @@
-"""Kernels added for the fast folded forward, vs kernels.reference (interpreter on CPU): segmented
+"""Kernels added for the fast folded forward, vs specdec_kernels.reference (interpreter on CPU):
+segmented
 compaction with a capacity (overflow flagged by count, dropped sources get slot -1), the fused
 gather + merge of two attention states (`merge_pair`), fp32 partial outputs of branch_attention.
 Outputs are poisoned before launch (NaN / -7). Tolerance: fp32 1e-6 (same formula, other
@@ -8,14 +9,14 @@ import math
 
 import pytest
 import torch
+from specdec_kernels import reference as ref
 
-from kernels import reference as ref
 from tests.kernels._util import DEV, direct, poison_empty
 
 pytestmark = direct
-gate_mod = pytest.importorskip("kernels.gate")
-merge = pytest.importorskip("kernels.merge")
-attn = pytest.importorskip("kernels.attention")
+gate_mod = pytest.importorskip("specdec_kernels.gate")
+merge = pytest.importorskip("specdec_kernels.merge")
+attn = pytest.importorskip("specdec_kernels.attention")
 
 
 def forest_src(segments, k, n, seed, frac=0.6):

@@ -1,16 +1,17 @@
-"""Gate, fold-source resolution and compaction kernels vs kernels.reference (interpreter on CPU).
+"""Gate, fold-source resolution and compaction kernels vs specdec_kernels.reference
+(interpreter on CPU).
 
 Outputs are poisoned (NaN / sentinel) before each launch so unwritten elements fail the test.
 rho tolerance: fp32 rtol 1e-5 (sum order differs); everything else must match exactly."""
 
 import pytest
 import torch
+from specdec_kernels import reference as ref
 
-from kernels import reference as ref
 from tests.kernels._util import DEV, direct, poison_empty
 
 pytestmark = direct
-gate_mod = pytest.importorskip("kernels.gate")
+gate_mod = pytest.importorskip("specdec_kernels.gate")
 
 
 def tree_case(nb, n, d, seed, near_frac=0.5):

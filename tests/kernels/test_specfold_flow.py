@@ -7,13 +7,13 @@ attention of all rows -> merge. Equals full attention of the inherited Q/K/V (fp
 
 import pytest
 import torch
+from specdec_kernels import reference as ref
 
-from kernels import reference as ref
 from tests.kernels._util import DEV, direct
 
 pytestmark = direct
-gate = pytest.importorskip("kernels.gate")
-attn = pytest.importorskip("kernels.attention")
+gate = pytest.importorskip("specdec_kernels.gate")
+attn = pytest.importorskip("specdec_kernels.attention")
 
 
 def test_folded_verification_flow():

@@ -1,6 +1,5 @@
-"""Block-diffusion runtime on the real code-dllm fixture (../shared/fixtures/code-dllm)."""
+"""Block-diffusion runtime on the real code-dllm fixture (examples/fixtures/code-dllm)."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -11,9 +10,7 @@ from spiffy_plugin.decode import DecodeParams, generate
 from spiffy_plugin.errors import ConfigError
 from spiffy_plugin.runtime import BlockDiffusionRunner, candidate_mask, dllm_spec
 
-SHARED = Path(os.environ.get("SPECDEC_SHARED_FIXTURES",
-                             Path(__file__).resolve().parents[3] / "shared" / "fixtures"))
-DLLM = SHARED / "code-dllm"
+DLLM = Path(__file__).resolve().parents[2] / "examples" / "fixtures" / "code-dllm"
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 FIX = ROOT / "examples" / "fixtures"
-DLLM = Path(os.environ.get("SPECDEC_CODE_DLLM", ROOT.parent / "shared" / "fixtures" / "code-dllm"))
+DLLM = FIX / "code-dllm"
 
 
 def pytest_configure(config):
@@ -27,8 +27,7 @@ def pytest_configure(config):
 def sdar_dir(tmp_path_factory):
     from spiffy_plugin.engines.sdar import convert_to_sdar
 
-    if not (DLLM / "config.json").is_file():
-        pytest.skip(f"code-dllm fixture not found at {DLLM}")
+    assert (DLLM / "config.json").is_file(), f"bundled fixture missing: {DLLM}"
     return convert_to_sdar(DLLM, tmp_path_factory.mktemp("sdar") / "code-dllm-sdar")
 
 
