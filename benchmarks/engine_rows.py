@@ -46,6 +46,7 @@ class EngineSpec:
     gpu_memory_utilization: float | None = None  # vLLM name; SGLang mem_fraction_static
     load_format: str | None = None  # "dummy": random target weights, no files read
     draft_load_format: str | None = None  # drafter's own; None = the target's load_format
+    prefill_graphs: bool = True  # SGLang: False = no prefill CUDA graphs (decode graphs stay)
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,8 @@ class SGLangRunner:
                   disable_radix_cache=not spec.prefix_caching)
         if spec.enforce_eager:
             kw["disable_cuda_graph"] = True
+        elif not spec.prefill_graphs:  # 0.5.16 captures 50 prefill sizes, ~80 s each on H200
+            kw["cuda_graph_backend_prefill"] = "disabled"
         if spec.gpu_memory_utilization is not None:
             kw["mem_fraction_static"] = spec.gpu_memory_utilization
         if spec.load_format:

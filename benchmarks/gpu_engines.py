@@ -103,7 +103,8 @@ def engine_spec(args, target: str, draft: str | None, **kw) -> EngineSpec:
                       num_spec_tokens=args.num_spec_tokens, dtype=args.dtype,
                       max_model_len=args.max_model_len, seed=args.seed,
                       enforce_eager=args.enforce_eager, prefix_caching=args.prefix_caching,
-                      gpu_memory_utilization=args.gpu_memory_utilization, **kw)
+                      gpu_memory_utilization=args.gpu_memory_utilization,
+                      prefill_graphs=not args.no_prefill_graphs, **kw)
 
 
 def header(args, runner, kind: str) -> dict:
@@ -343,6 +344,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         q.add_argument("--enforce-eager", action="store_true",
                        help="no CUDA graphs (vLLM enforce_eager, SGLang disable_cuda_graph)")
         q.add_argument("--prefix-caching", action="store_true")
+        q.add_argument("--no-prefill-graphs", action="store_true",
+                       help="SGLang: no prefill CUDA graphs (decode graphs stay)")
         q.add_argument("--gpu-memory-utilization", type=float, default=None,
                        help="vLLM gpu_memory_utilization / SGLang mem_fraction_static")
         q.add_argument("--out", required=True, help="JSON file to write")
