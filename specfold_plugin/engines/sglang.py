@@ -4,7 +4,7 @@ The config is Spiffy's (graph file, D = `budget`, D* = `keep`, rule) plus `delta
 threshold: a draft position whose residual differs from its parent's by at most delta reuses the
 parent's QKV/FFN (delta = 0 folds only exact repeats); inside SGLang the folding runs in a wrapper
 of the SDAR decoder layer (`sglang_fold.py`, driven by `sglang_algorithm.py`). Imports no SGLang
-at module import. SGLang < 0.5.21 runs SpecFold unfolded (see `dflash_plugin.engines.versions`).
+at module import. SGLang < 0.5.21 runs SpecFold unfolded (see `spiffy_plugin.engines.versions`).
 """
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_plugin.engines.versions import (
-    LEGACY_SPECFOLD,
-    SGLANG_LAYER_BOUNDARY,
-    describe,
-    installed,
-    sglang_at_least,
-)
 from spiffy_plugin.engines.sglang import (
     ALGORITHMS,
     FIELD,
     SpiffyConfig,
     parse_spiffy_config,
     register_dllm_algorithm,
+)
+from spiffy_plugin.engines.versions import (
+    LEGACY_SPECFOLD,
+    SGLANG_LAYER_BOUNDARY,
+    describe,
+    installed,
+    sglang_at_least,
 )
 from spiffy_plugin.errors import require
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from dflash_plugin.engines.versions import LEGACY_SPECFOLD, describe, installed
 from spiffy_plugin.engines.sglang_algorithm import Spiffy
 from spiffy_plugin.engines.sglang_drafts import CanvasState
+from spiffy_plugin.engines.versions import LEGACY_SPECFOLD, describe, installed
 from spiffy_plugin.spiffy import branch_parents
 
 from ..stats import FoldStats

@@ -209,7 +209,7 @@ def _dllm_defaults(result, server_args):
 def _names_resolve() -> bool:
     """SGLang >= 0.5.21: algorithms are looked up by name (`get_algorithm_cls`) and validate
     their config at launch (`configure_server_args`)."""
-    from dflash_plugin.engines.versions import SGLANG_ALGORITHM_CLS, sglang_at_least
+    from .versions import SGLANG_ALGORITHM_CLS, sglang_at_least
 
     return sglang_at_least(SGLANG_ALGORITHM_CLS)
 

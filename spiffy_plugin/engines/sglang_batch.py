@@ -6,7 +6,7 @@ shared (read in place, neither recomputed nor copied), and ends in `block_size` 
 allocated for the draft block's own K/V. Each row sees the prefix and its own block only (every
 backend reads a sequence's K/V through its req_to_token row). `DraftRows` owns the rows and slots
 of one forward and frees them in `release`. Fields and pool methods an older SGLang lacks are
-probed (see `dflash_plugin.engines.versions`).
+probed (see `spiffy_plugin.engines.versions`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The adapters across engine versions (`dflash_plugin/engines/versions.py` lists the differences).
+"""The adapters across engine versions (`spiffy_plugin/engines/versions.py` lists the differences).
 
 SGLang: the oldest supported, sglang==0.5.16 with the transformers==5.12.1 it pins, installed by
 `make setup` into `.venv/sglang-0.5.16`; `sglang_env/legacy_checks.py` runs there in a subprocess
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_plugin.engines.versions import installed, parse_version
+from spiffy_plugin.engines.versions import installed, parse_version
 
 ROOT = Path(__file__).resolve().parents[2]
 LEGACY_ENV = ROOT / ".venv" / "sglang-0.5.16"

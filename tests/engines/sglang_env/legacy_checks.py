@@ -3,7 +3,7 @@
 
 SGLang 0.5.16 has no `get_algorithm_cls` (only `get_algorithm(config)`), no `prepare_inputs` and
 no `configure_server_args` in its dLLM algorithm base, no `ReqToTokenPool.alloc_rows` and no
-`ForwardBatch.dllm_prompt_mask` (see `dflash_plugin/engines/versions.py`). Mocked as in
+`ForwardBatch.dllm_prompt_mask` (see `spiffy_plugin/engines/versions.py`). Mocked as in
 `checks_identity.py`: the model runner (its logits come from our reference runtime) and the
 scheduler; SGLang's own dLLM loops, pools and ForwardBatch are real.
 """
@@ -26,8 +26,8 @@ from sglang.srt.dllm.config import DllmConfig  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 
-from dflash_plugin.engines.versions import LEGACY_SPECFOLD  # noqa: E402
 from spiffy_plugin.engines.sglang_batch import take_free_rows  # noqa: E402
+from spiffy_plugin.engines.versions import LEGACY_SPECFOLD  # noqa: E402
 from spiffy_plugin.errors import ConfigError  # noqa: E402
 from tests.engines.sglang_env.fixtures import FIX, server_args  # noqa: E402
 
