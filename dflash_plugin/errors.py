@@ -1,24 +1,12 @@
-"""Errors raised on bad user input.
-
-A `ConfigError` always names the offending field, the value it got and the allowed range, and
-is raised before any model work starts.
-"""
+"""Errors raised on bad user input: `ConfigError` and `require` (defined once, in
+`specdec_kernels.errors`) and `validated`, which turns a pydantic error into a `ConfigError`
+naming the field."""
 
 from __future__ import annotations
 
+from specdec_kernels.errors import ConfigError, require
 
-class ConfigError(ValueError):
-    """A configuration, checkpoint or request field is missing, out of range or contradictory."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(f"{field}: {message}")
-
-
-def require(condition: bool, field: str, message: str) -> None:
-    """Raise `ConfigError(field, message)` unless `condition` holds."""
-    if not condition:
-        raise ConfigError(field, message)
+__all__ = ["ConfigError", "require", "validated"]
 
 
 def validated(model_cls, **fields):

@@ -1,20 +1,13 @@
-"""Errors raised on bad user input: a `ConfigError` names the field, the value and the allowed
-range, and is raised before any model work starts."""
+"""Errors raised on bad user input: `ConfigError` and `require` (defined once, in
+`specdec_kernels.errors`), and `run_command`, which turns one into a CLI message."""
 
 from __future__ import annotations
 
 import sys
 
+from specdec_kernels.errors import ConfigError, require
 
-class ConfigError(ValueError):
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(f"{field}: {message}")
-
-
-def require(condition: bool, field: str, message: str) -> None:
-    if not condition:
-        raise ConfigError(field, message)
+__all__ = ["ConfigError", "require", "run_command"]
 
 
 def run_command(args) -> int:
