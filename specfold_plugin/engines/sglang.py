@@ -29,8 +29,9 @@ from spiffy_plugin.engines.versions import (
 )
 from spiffy_plugin.errors import require
 
+from ..specfold import DEFAULT_DELTA
+
 logger = logging.getLogger(__name__)
-DEFAULT_DELTA = 0.1
 
 
 @dataclass(frozen=True)
