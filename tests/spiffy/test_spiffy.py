@@ -39,13 +39,21 @@ def test_parent_relation_and_selection_on_random_graphs():
         for a, b in itertools.product(nodes, nodes):
             want = b.depth == a.depth + 1 and set(a.pairs) < set(b.pairs)
             assert is_parent(a, b) == want
+        reachable = {n for n in nodes if n.depth == 1}  # closure under "has a parent in it"
+        while grown := {n for n in nodes if n not in reachable
+                        and any(is_parent(p, n) for p in reachable)}:
+            reachable |= grown
         chosen = select_graph(nodes, 6)
-        assert len(chosen) == min(6, len(chosen)) and len(set(chosen)) == len(chosen)
+        assert len(chosen) == min(6, len(reachable)) and len(set(chosen)) == len(chosen)
+        everything = select_graph(nodes, len(nodes) + 1)  # a budget it cannot fill
+        assert len(everything) == len(reachable) and set(everything) == reachable
         for n in chosen:
             assert n.depth == 1 or any(is_parent(p, n) for p in chosen)
         g = DraftGraph(tuple(chosen), tuple(nodes[n] for n in chosen), 16, 100, "vanilla-1")
-        for k, n in enumerate(chosen):
-            assert k in g.children(None) if n.depth == 1 else True
+        assert g.children(None) == [k for k, n in enumerate(chosen) if n.depth == 1]
+        below = [c for n in chosen for c in g.children(n)]
+        assert set(g.children(None) + below) == set(range(len(chosen)))  # all reachable
+        for n in chosen:
             assert g.children(n) == [c for c, m in enumerate(chosen) if is_parent(n, m)]
 
 
