@@ -7,7 +7,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -20,23 +19,9 @@ from .checkpoint import (
 )
 from .errors import ConfigError, require
 from .generate import speculative_generate
+from .loading import DTYPES, load_target
 from .proposers import DFlashProposer
 from .sampling import SamplingParams
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def load_target(path: str, device: str, dtype: torch.dtype):
-    """Target model + tokenizer from a Hugging Face folder (offline)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    require(Path(path, "config.json").is_file(), "--target", f"no config.json in {path}")
-    tok = AutoTokenizer.from_pretrained(path)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    return model, tok
 
 
 def stop_ids(model, tok) -> tuple[int, ...]:

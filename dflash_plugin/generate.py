@@ -9,23 +9,16 @@ differ in prompt length, accepted length and finish time; finished rows leave th
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
 from .config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from .errors import require
-from .metrics import AggregateMetrics, RequestMetrics
+from .metrics import AggregateMetrics, GenerationResult, RequestMetrics
 from .proposers import Proposer
 from .sampling import SamplingParams, pick_tokens, sampling_probs
 from .target import TargetRunner
 from .verify import verify_greedy, verify_rejection
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[list[int]]  # generated ids per request (prompt excluded, stop token included)
-    metrics: AggregateMetrics
 
 
 def validate_request(prompts: list[list[int]], max_new_tokens: int, block_size: int,

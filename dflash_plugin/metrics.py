@@ -84,3 +84,9 @@ class AggregateMetrics:
                  "rounds": r.rounds, "stop_reason": r.stop_reason} for r in self.requests
             ],
         }
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # generated ids per request (prompt excluded, stop token included)
+    metrics: AggregateMetrics

@@ -16,8 +16,7 @@ import time
 import torch
 
 from ..errors import require
-from ..generate import GenerationResult
-from ..metrics import AggregateMetrics, RequestMetrics
+from ..metrics import AggregateMetrics, GenerationResult, RequestMetrics
 from ..ngram import ngram_lookup
 from .attention import check_backend, resolve_backend
 from .cache import StaticKVCache, rope_table

@@ -8,7 +8,7 @@ from ..errors import require, validated
 
 
 def cmd_make_data(args) -> int:
-    from ..cli import DTYPES, load_target
+    from ..loading import DTYPES, load_target
     from .data import code_files, cut_code_prompts, load_prompts_jsonl, make_data
 
     require(bool(args.prompts) != bool(args.code_dir), "--prompts/--code-dir",
@@ -30,7 +30,7 @@ def cmd_make_data(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from ..cli import DTYPES, load_target
+    from ..loading import DTYPES, load_target
     from .trainer import TrainConfig, train
 
     fields = {k: v for k, v in vars(args).items()
