@@ -36,11 +36,21 @@ def test_generate_json_is_lossless(drafter_dir, capsys):
 
 
 def test_generate_text_output_and_sampling(drafter_dir, capsys):
-    assert main(["generate", "--target", str(TARGET), "--draft", str(drafter_dir),
-                 "--prompt", "import numpy as np", "--max-new-tokens", "8",
-                 "--temperature", "0.8", "--top-p", "0.9", "--seed", "1"]) == 0
+    prompt = "import numpy as np"
+    args = ["generate", "--target", str(TARGET), "--draft", str(drafter_dir),
+            "--prompt", prompt, "--max-new-tokens", "8",
+            "--temperature", "0.8", "--top-p", "0.9", "--seed", "1"]
+    assert main(args) == 0
     out = capsys.readouterr().out
-    assert "tau" in out and "per-position acceptance" in out
+    assert main(args + ["--json"]) == 0  # the same seed: the same sample, as JSON
+    rep = json.loads(capsys.readouterr().out)
+    assert 1 <= rep["new_tokens"] <= 8 and rep["rounds"] >= 1 and rep["block_size"] == 8
+    assert len(rep["per_position_acceptance"]) == 7  # block 8: positions 1..7 drafted
+    assert out.startswith(prompt + rep["completion"] + "\n" + "-" * 60 + "\n")
+    assert (f"new tokens {rep['new_tokens']}  rounds {rep['rounds']}  tau {rep['tau']:.2f}  "
+            "block 8\n") in out
+    assert ("per-position acceptance: "
+            + " ".join(f"{x:.2f}" for x in rep["per_position_acceptance"]) + "\n") in out
 
 
 @pytest.mark.parametrize("args,message", [
