@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -64,16 +63,25 @@ def spec_metrics(base_url: str) -> dict[str, float]:
     """vLLM's speculative-decoding counters from /metrics (summed over label sets); per-position
     accepted counts under 'accepted_per_pos' keys 'pos0', 'pos1', ..."""
     _, text = request(f"{base_url}/metrics")
+    return parse_spec_metrics(str(text))
+
+
+def parse_spec_metrics(text: str) -> dict[str, float]:
+    """`vllm:spec_decode_*_total` samples of a Prometheus text exposition, parsed by
+    prometheus_client (a vLLM dependency): {"num_drafts": ..., "num_accepted_tokens_per_pos.pos0":
+    ..., ...}, each summed over its other labels (engine, model)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    prefix, suffix = "vllm:spec_decode_", "_total"
     out: dict[str, float] = {}
-    pattern = re.compile(r'^vllm:spec_decode_(\w+)_total(\{[^}]*\})? ([0-9.e+-]+)$')
-    for line in str(text).splitlines():
-        m = pattern.match(line)
-        if not m:
-            continue
-        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
-        pos = re.search(r'position="(\d+)"', labels)
-        key = f"{name}.pos{pos.group(1)}" if pos else name
-        out[key] = out.get(key, 0.0) + value
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not (sample.name.startswith(prefix) and sample.name.endswith(suffix)):
+                continue
+            name = sample.name[len(prefix):-len(suffix)]
+            pos = sample.labels.get("position")
+            key = f"{name}.pos{pos}" if pos is not None else name
+            out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
