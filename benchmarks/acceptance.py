@@ -1,7 +1,7 @@
 """Acceptance length (tau) of drafters and prompt lookup on a prompt set, side by side.
 
 Every configuration runs the same prompts through the reference runtime in one process:
-    python benchmarks/acceptance.py --target DIR --drafter NAME=DIR ... --prompts FILE \
+    python benchmarks/acceptance.py [--target DIR] --drafter NAME=DIR ... [--prompts FILE] \
         --max-new-tokens 256 --block-sizes 16 8 --temperatures 0 1 --out results.json
 Greedy rows are also checked for token identity against the prompt-lookup rows (all configs
 must produce the same text at temperature 0, since every one of them is lossless).
@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
-from datetime import date
 
 import torch
+from common import DEV_PROMPTS, fixture, read_prompts, run_info, write_json
 
 from dflash_plugin.checkpoint import check_compatible, load_drafter
 from dflash_plugin.cli import DTYPES, load_target, stop_ids
@@ -24,13 +23,12 @@ from dflash_plugin.metrics import AggregateMetrics
 from dflash_plugin.ngram import NgramProposer
 from dflash_plugin.proposers import DFlashProposer
 from dflash_plugin.sampling import SamplingParams
-from dflash_plugin.training.data import load_prompts_jsonl
 
 
 def run(args) -> dict:
     dtype = DTYPES[args.dtype]
     model, tok = load_target(args.target, args.device, dtype)
-    prompts = [tok(p).input_ids for p in load_prompts_jsonl(args.prompts)][: args.limit]
+    prompts = [tok(p).input_ids for p in read_prompts(args.prompts)][: args.limit]
     drafters = {}
     for spec in args.drafter:
         name, path = spec.split("=", 1)
@@ -66,18 +64,17 @@ def run(args) -> dict:
                       flush=True)
     greedy = [v for (n, b, t), v in outputs.items() if t == 0]
     identical = all(g == greedy[0] for g in greedy)
-    return {"date": str(date.today()), "machine": platform.node(), "device": args.device,
-            "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
-            "dtype": args.dtype, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+    return {"run": run_info(args.device), "dtype": args.dtype, "prompts": len(prompts),
+            "max_new_tokens": args.max_new_tokens,
             "greedy_outputs_identical_across_proposers": identical, "rows": rows}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--target", required=True)
+    p.add_argument("--target", default=str(fixture("code-target")))
     p.add_argument("--drafter", nargs="*", default=[], help="NAME=DIR")
     p.add_argument("--ngram", action="store_true", help="also measure prompt lookup")
-    p.add_argument("--prompts", required=True)
+    p.add_argument("--prompts", default=str(DEV_PROMPTS))
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--block-sizes", type=int, nargs="+", default=[16, 8])
@@ -90,10 +87,8 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     result = run(args)
-    text = json.dumps(result, indent=1)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        write_json(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
 
 

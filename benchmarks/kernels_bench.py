@@ -1,7 +1,7 @@
 """Time the `kernels` ops against their torch references, SDPA and flex_attention.
 
     python benchmarks/kernels_bench.py --out benchmarks/results/kernels            # on the GPU
-    python benchmarks/kernels_bench.py --device cpu --dry-run --out /tmp/kb        # logic check
+    python benchmarks/kernels_bench.py --device cpu --dry-run --out OUT        # logic check
 Attention: 8 branches x 16 query tokens per request over a paged prefix (page 16) of 1k / 4k
 tokens plus each branch's own 16-token block (dense block-diffusion mask), bf16, at the Qwen3-8B
 head shape (32 / 8 / 128) and the code-dllm fixture's (6 / 2 / 64). GB/s counts the bytes that
@@ -12,17 +12,13 @@ device-to-device copy. Errors are max |x - fp32 reference| on the same inputs.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
-import statistics
-import sys
-import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import checkout_first, event_ms, run_info, write_json
 
 
 def parse():
@@ -38,7 +34,7 @@ def parse():
 ARGS = parse()
 if ARGS.device == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
-sys.path.insert(0, str(ROOT))
+checkout_first()
 
 import torch  # noqa: E402
 from specdec_kernels import reference as ref  # noqa: E402
@@ -51,22 +47,7 @@ ITERS, WARMUP = (3, 1) if ARGS.dry_run else (ARGS.iters, 20)
 
 def timed(fn) -> float:
     """Median milliseconds of fn() over ITERS calls (CUDA events on GPU)."""
-    for _ in range(WARMUP):
-        fn()
-    times = []
-    for _ in range(ITERS):
-        if DEV.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return event_ms(fn, DEV, ITERS, WARMUP)
 
 
 def copy_ceiling_gbs() -> float:
@@ -323,7 +304,7 @@ def save(records) -> None:
     out = Path(ARGS.out)
     out.mkdir(parents=True, exist_ok=True)
     INFO["all_checks_ok"] = all(r.get("ok", True) for r in records)
-    (out / "kernels_bench.json").write_text(json.dumps(dict(info=INFO, rows=records), indent=1))
+    write_json(out / "kernels_bench.json", dict(run=run_info(DEV), info=INFO, rows=records))
 
 
 def row_md(r) -> str:

@@ -16,7 +16,6 @@ equal the reference's (checked).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -25,22 +24,17 @@ import time
 from pathlib import Path
 
 import torch
+from common import DEV_PROMPTS, fixture, read_prompts, span, write_json
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dflash_plugin.engines.vllm_server import VLLMServer, free_port, request
 from spiffy_plugin.calibrate import calibrate
-from spiffy_plugin.cli import read_prompts
 from spiffy_plugin.decode import DecodeParams, generate
 from spiffy_plugin.engines.sdar import convert_to_sdar
 from spiffy_plugin.spiffy import spiffy_generate
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"Spiffy block: rid=(\S+) forwards=(\d+) steps=(\d+) accepted=(\d+)")
-
-
-def _slice(text: str) -> slice:
-    a, b = text.split(":")
-    return slice(int(a), int(b))
 
 
 def server_env() -> dict[str, str]:
@@ -52,8 +46,8 @@ def server_env() -> dict[str, str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model", required=True)
-    p.add_argument("--prompts", required=True)
+    p.add_argument("--model", default=str(fixture("code-dllm")))
+    p.add_argument("--prompts", default=str(DEV_PROMPTS))
     p.add_argument("--calib", default="32:40")
     p.add_argument("--calib-tokens", type=int, default=64)
     p.add_argument("--eval", default="0:4")
@@ -66,7 +60,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
     prompts = read_prompts(a.prompts)
     params = DecodeParams(unmask_per_step=1)
-    graph = calibrate(model, [tok(x).input_ids for x in prompts[_slice(a.calib)]], a.budget,
+    graph = calibrate(model, [tok(x).input_ids for x in prompts[span(a.calib)]], a.budget,
                       params, max_new_tokens=a.calib_tokens)
     tmp = Path(tempfile.mkdtemp(prefix="sglang-spiffy-"))
     graph.save(tmp / "graph.json")
@@ -80,7 +74,7 @@ def main() -> None:
            "--skip-server-warmup"]
     rows = []
     with VLLMServer(cmd, env=server_env(), log_path=tmp / "sglang.log") as srv:
-        for text in prompts[_slice(a.eval)]:
+        for text in prompts[span(a.eval)]:
             ids = tok(text).input_ids
             n = -(-(len(ids) + a.max_new_tokens) // 16) * 16 - len(ids)  # whole blocks
             ref = generate(model, ids, params, n)
@@ -108,9 +102,8 @@ def main() -> None:
     total["reduction_vs_one_step"] = round(total["one_step_forwards"] / total["sglang_forwards"], 3)
     print("total", total)
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps({"args": vars(a), "graph_nodes": len(graph.nodes),
-                                           "rows": rows, "total": total}, indent=1) + "\n")
+        write_json(a.out, {"args": vars(a), "graph_nodes": len(graph.nodes), "rows": rows,
+                           "total": total})
 
 
 if __name__ == "__main__":

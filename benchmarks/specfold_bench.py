@@ -20,22 +20,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 import traceback
-from datetime import date
 from itertools import product
 from pathlib import Path
 
 import torch
+from common import DEV_PROMPTS, fixture, read_prompts, run_info, span, wall_ms, write_json
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from specfold_plugin.fold import folded_forward
 from specfold_plugin.specfold import agreement_summary, specfold_generate
 from specfold_plugin.stats import FoldStats, projected_flops
 from spiffy_plugin.calibrate import calibrate
-from spiffy_plugin.cli import read_prompts
 from spiffy_plugin.decode import DecodeParams, generate
 from spiffy_plugin.runtime import BlockDiffusionRunner, dllm_spec
 from spiffy_plugin.spiffy import dense_verify, spiffy_generate
@@ -47,16 +45,7 @@ def _sync(dev):
 
 
 def time_ms(fn, dev, iters: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(iters):
-        _sync(dev)
-        t0 = time.perf_counter()
-        fn()
-        _sync(dev)
-        out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
+    return wall_ms(fn, dev, iters, warmup)
 
 
 def run_e2e(model, evals, graph, deltas, ffn_gates, max_new, dev, log,
@@ -264,8 +253,8 @@ def run_8b(layers, context, deltas, branches, ratios, dev, iters, log):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", required=True, help="the code-dllm fixture directory")
-    p.add_argument("--prompts", default="examples/fixtures/dev-prompts.jsonl")
+    p.add_argument("--model", default=str(fixture("code-dllm")), help="model folder")
+    p.add_argument("--prompts", default=str(DEV_PROMPTS))
     p.add_argument("--calib", default="32:40")
     p.add_argument("--eval", default="0:8")
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -291,20 +280,18 @@ def main() -> None:
     dtype = getattr(torch, a.dtype or ("bfloat16" if dev.type == "cuda" else "float32"))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"date": str(date.today()), "machine": platform.node(), "device": str(dev),
-              "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
-              "torch": torch.__version__, "dtype": str(dtype), "args": vars(a)}
+    result = {"run": run_info(dev), "dtype": str(dtype), "args": vars(a)}
 
     def log(row):
         print(json.dumps(row), flush=True)
 
     def save():
-        (out / "specfold.json").write_text(json.dumps(result, indent=1) + "\n")
+        write_json(out / "specfold.json", result)
 
     tok = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype).to(dev).eval()
     prompts = read_prompts(a.prompts)
-    cut = [slice(*map(int, s.split(":"))) for s in (a.calib, a.eval)]
+    cut = [span(s) for s in (a.calib, a.eval)]
     calib, evals = ([tok(x).input_ids for x in prompts[c]] for c in cut)
     graph = calibrate(model, calib, a.budget, DecodeParams(), a.max_new_tokens)
     result["graph_nodes"] = len(graph.nodes)

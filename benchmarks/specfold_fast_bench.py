@@ -1,8 +1,7 @@
 """Verify-forward latency: dense vs SpecFold folded, torch reference vs the Triton kernel backend.
 
-    python benchmarks/specfold_fast_bench.py --model .carry/code-dllm --out $OUT/sf    # H200
-    python benchmarks/specfold_fast_bench.py --model examples/fixtures/code-dllm --device cpu \\
-        --dry-run --out /tmp/sf                                                          # logic
+    python benchmarks/specfold_fast_bench.py --out OUT                              # H200
+    python benchmarks/specfold_fast_bench.py --device cpu --dry-run --out OUT      # logic check
 Per (shape, D* kept drafts, requests, delta): `dense_hf` = Spiffy's dense verify (HF forward) and
 `folded_torch` = `fold.folded_forward` (1 request, eager); `dense_fast` / `folded_fast` = the
 `fast_layers` forward on the kernels, eager (folded: `fold_fast.folded_exact`, one host sync) and
@@ -12,6 +11,11 @@ next ones; more requests = the state replicated, pages copied) and a random-weig
 shape (--context-8b tokens per request) with the fixture's draft fold ratios of this run forced
 through the gate. `checks` first: kernel vs reference logits and fold counts (fp32 and bf16).
 Each variant in try/except; --budget-s skips what is left; DIR/specfold_fast.json + .md.
+Timing helpers (formerly a module of their own): `Bench` is the run record (budget, try/except per
+variant, JSON); *capacity plan* of a timed folded forward = its true per-layer counts rounded up
+to 16 rows. With --sync also: `folded_sync_eager_ms` (capacities None: each gate sized from its
+true count at run time, eager) and `folded_margin_graph_ms` (the graph with the planner's margin,
+1/8 of the rows, added to the true counts: what a well-predicted `CapacityPlanner` plan costs).
 """
 
 from __future__ import annotations
@@ -22,27 +26,179 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # this checkout's packages first
+from common import DEV_PROMPTS, checkout_first, fixture, read_prompts, run_info, wall_ms, write_json
+
+checkout_first()
 if "--dry-run" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 import torch  # noqa: E402
-from fold_timing import Bench, markdown, pages_for, time_batch  # noqa: E402
 from specfold_bench import forced_gate, model_8b  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config  # noqa: E402
 
 from specfold_plugin import fast_layers as fl  # noqa: E402
 from specfold_plugin.fold import folded_forward  # noqa: E402
-from specfold_plugin.fold_fast import dense_forward_fast, folded_forward_fast  # noqa: E402
+from specfold_plugin.fold_fast import (  # noqa: E402
+    dense_forward_fast,
+    folded_exact,
+    folded_forward_fast,
+)
 from specfold_plugin.stats import FoldStats  # noqa: E402
 from spiffy_plugin.calibrate import calibrate  # noqa: E402
-from spiffy_plugin.cli import read_prompts  # noqa: E402
 from spiffy_plugin.decode import DecodeParams  # noqa: E402
 from spiffy_plugin.runtime import BlockDiffusionRunner, dllm_spec  # noqa: E402
 from spiffy_plugin.spiffy import dense_verify, spiffy_generate  # noqa: E402
+
+
+class Bench:
+    def __init__(self, a, dev):
+        self.a, self.dev, self.t0 = a, dev, time.perf_counter()
+        self.ratios: dict[float, list] = {}  # delta -> observed (QKV, FFN) draft fold ratios
+        self.R = {"run": run_info(dev), "args": vars(a), "checks": [], "rows": [],
+                  "errors": {}, "skipped": []}
+        self.out = Path(a.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+
+    def over(self) -> bool:
+        return time.perf_counter() - self.t0 > self.a.budget_s
+
+    def attempt(self, name, fn):
+        if self.over():
+            self.R["skipped"].append(name)
+            return None
+        try:
+            return fn()
+        except Exception as err:  # noqa: BLE001 - one variant must not stop the others
+            print(f"[error] {name}: {err!r}", flush=True)
+            traceback.print_exc()
+            self.R["errors"][name] = repr(err)
+            return None
+
+    def eager(self, name, fn):
+        return self.attempt(name, lambda: round(wall_ms(fn, self.dev, self.a.iters, 1), 4))
+
+    def save(self):
+        write_json(self.out / "specfold_fast.json", self.R)
+
+
+def graph_ms(fn, dev, iters):
+    """(ms per replay, outputs of the captured call); (None, None) off CUDA."""
+    if dev.type != "cuda":
+        return None, None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm-up: Triton compiles, cuBLAS handles, allocator
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    g.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        g.replay()
+    end.record()
+    end.synchronize()
+    return round(start.elapsed_time(end) / iters, 4), out
+
+
+def core(model, batch, prefix, delta, caps, forced=None):
+    """The capturable forward: layers + LM head, no host sync (delta None = dense)."""
+    def fn():
+        h, _, counts = fl.run_layers(model, model.model.embed_tokens(batch.ids), batch, prefix,
+                                     delta, caps, "own", 0, forced)
+        return fl.logits_of(model, h), torch.stack(counts) if counts else None
+    return fn
+
+
+def time_batch(B: Bench, label, model, batch, prefix, forced_of, extra, eager: bool):
+    """dense_fast and folded_fast (per delta) on one batch -> rows."""
+    a, dev, rows = B.a, B.dev, []
+    full, layers = batch.branches * batch.n, len(model.model.layers)
+    dense = {"requests": batch.requests, "rows": batch.requests * full}
+    with torch.inference_mode():
+        if eager or a.sync:
+            dense["dense_fast_eager_ms"] = B.eager(f"{label} dense", core(
+                model, batch, prefix, None, None))
+        dense["dense_fast_graph_ms"] = B.attempt(f"{label} dense graph", lambda: graph_ms(
+            core(model, batch, prefix, None, None), dev, a.graph_iters)[0])
+        for delta in a.deltas:
+            forced = forced_of(delta) if forced_of else None
+            row = {**extra, **dense, "delta": delta, "forced_ratio": forced is not None}
+            name = f"{label} delta {delta}"
+            plan = B.attempt(name + " plan", lambda d=delta, f=forced: folded_exact(
+                model, batch, prefix, d, [(full, full)] * layers, forced=f))
+            if plan is None:
+                continue
+            caps = [tuple(min(full, -(-int(c) // 16) * 16) for c in lc)
+                    for lc in plan[1].amax(-1)]
+            qkv, ffn = (plan[1][:, g].sum().item() / (layers * batch.requests * full)
+                        for g in (0, 1))
+            row.update(fold_qkv=round(1 - qkv, 4), fold_ffn=round(1 - ffn, 4),
+                       cap_share=round(sum(sum(c) for c in caps) / (2 * layers * full), 4))
+            if eager:
+                row["folded_fast_eager_ms"] = B.eager(name, lambda d=delta, c=caps, f=forced:
+                                                      folded_exact(model, batch, prefix, d, c,
+                                                                   forced=f))
+            if a.sync:  # each gate sized from its true count: eager only (host reads)
+                row["folded_sync_eager_ms"] = B.eager(name + " sync", lambda d=delta, f=forced:
+                                                      folded_exact(model, batch, prefix, d,
+                                                                   [(None, None)] * layers,
+                                                                   forced=f))
+            got = B.attempt(name + " graph", lambda d=delta, c=caps, f=forced: graph_ms(
+                core(model, batch, prefix, d, c, f), dev, a.graph_iters))
+            if got and got[0] is not None:
+                row.update(folded_fast_graph_ms=got[0], graph_plan_fits=bool(
+                    (got[1][1].cpu() <= torch.tensor(caps)[:, :, None]).all()))
+                if row.get("dense_fast_graph_ms"):
+                    row["speedup_graph"] = round(row["dense_fast_graph_ms"] / got[0], 3)
+            if a.sync:  # the planner's margin on top of the true counts, as one graph
+                padded = [tuple(min(full, -(-(c + full // 8) // 16) * 16) for c in lc)
+                          for lc in caps]
+                row["folded_margin_graph_ms"] = B.attempt(
+                    name + " margin graph", lambda d=delta, c=padded, f=forced: graph_ms(
+                        core(model, batch, prefix, d, c, f), dev, a.graph_iters)[0])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def pages_for(prefix: fl.Prefix | None, r: int, dev) -> fl.Prefix | None:
+    """r requests with copies of one request's pages (contiguous pool, own block tables)."""
+    if r == 1 or prefix is None:
+        return prefix
+    n = prefix.keys[0].shape[0]
+    return fl.Prefix([torch.cat([k] * r) for k in prefix.keys],
+                     [torch.cat([v] * r) for v in prefix.values],
+                     torch.arange(r * n, dtype=torch.int32, device=dev).view(r, n),
+                     prefix.lens.expand(r).contiguous())
+
+
+COLS = ["shape", "drafts", "requests", "rows", "delta", "fold_qkv", "fold_ffn", "cap_share",
+        "dense_hf_ms", "folded_torch_ms", "dense_fast_eager_ms", "folded_fast_eager_ms",
+        "folded_sync_eager_ms", "dense_fast_graph_ms", "folded_fast_graph_ms",
+        "folded_margin_graph_ms", "speedup_graph"]
+
+
+def markdown(R) -> str:
+    rows = [r for r in R["rows"] if "delta" in r]
+    lines = ["| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
+    lines += ["| " + " | ".join("-" if r.get(c) is None else str(r[c]) for c in COLS) + " |"
+              for r in rows]
+    lines += ["", "Crossover (CUDA graphs; smallest rows where folded_fast beats dense_fast):"]
+    for shape, drafts, delta in sorted({(r["shape"], r["drafts"], r["delta"]) for r in rows}):
+        pts = sorted((r["rows"], r["speedup_graph"]) for r in rows if r.get("speedup_graph")
+                     and (r["shape"], r["drafts"], r["delta"]) == (shape, drafts, delta))
+        win = [x for x, s in pts if s > 1]
+        lines.append(f"- {shape} D*={drafts} delta {delta}: {win[0] if win else 'none'} "
+                     f"(rows: speedup {', '.join(f'{x}: {s}' for x, s in pts)})")
+    return "\n".join(lines) + "\n"
+
 
 FALLBACK_RATIOS = {0.05: (0.529, 0.434), 0.1: (0.672, 0.606), 0.2: (0.80, 0.764),
                    0.3: (0.867, 0.849)}  # draft rows, H200 e2e run in BENCHMARKS.md
@@ -191,8 +347,8 @@ def checks(B: Bench, path, model_bf):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", required=True, help="the code-dllm fixture directory")
-    p.add_argument("--prompts", default=str(ROOT / "examples/fixtures/dev-prompts.jsonl"))
+    p.add_argument("--model", default=str(fixture("code-dllm")), help="model folder")
+    p.add_argument("--prompts", default=str(DEV_PROMPTS))
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--sections", nargs="+", default=["checks", "fixture", "8b"])

@@ -11,30 +11,22 @@ recorded chains serve every budget and both node selections) and evaluated on th
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
-from datetime import date
 
 import torch
+from common import DEV_PROMPTS, fixture, read_prompts, span, write_json
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from spiffy_plugin.calibrate import calibration_chains, graph_from_chains, rule_name
-from spiffy_plugin.cli import read_prompts
 from spiffy_plugin.decode import DecodeParams, generate
 from spiffy_plugin.runtime import dllm_spec
 from spiffy_plugin.spiffy import spiffy_generate
 
 
-def _slice(text: str) -> slice:
-    a, b = text.split(":")
-    return slice(int(a), int(b))
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model", required=True)
-    p.add_argument("--prompts", required=True)
+    p.add_argument("--model", default=str(fixture("code-dllm")))
+    p.add_argument("--prompts", default=str(DEV_PROMPTS))
     p.add_argument("--calib", default="32:48")
     p.add_argument("--eval", default="0:8")
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -46,8 +38,8 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
     prompts = read_prompts(a.prompts)
-    calib = [tok(x).input_ids for x in prompts[_slice(a.calib)]]
-    evals = [tok(x).input_ids for x in prompts[_slice(a.eval)]]
+    calib = [tok(x).input_ids for x in prompts[span(a.calib)]]
+    evals = [tok(x).input_ids for x in prompts[span(a.eval)]]
     rows = []
     for rule in (DecodeParams(), DecodeParams(threshold=a.threshold)):
         name = "vanilla" if rule.threshold is None else f"threshold {rule.threshold}"
@@ -74,12 +66,10 @@ def main() -> None:
                          "max_depth": max(n.depth for n in graph.nodes),
                          "seconds": round(time.perf_counter() - t0, 1)})
             print(rows[-1], flush=True)
-    result = {"date": str(date.today()), "machine": platform.node(), "dtype": "float32",
-              "calib": a.calib, "eval": a.eval, "max_new_tokens": a.max_new_tokens,
-              "rows": rows}
+    result = {"dtype": "float32", "calib": a.calib, "eval": a.eval,
+              "max_new_tokens": a.max_new_tokens, "rows": rows}
     if a.out:
-        with open(a.out, "w") as f:
-            f.write(json.dumps(result, indent=1) + "\n")
+        write_json(a.out, result)
 
 
 if __name__ == "__main__":

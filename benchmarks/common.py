@@ -1,0 +1,142 @@
+"""What the benchmark entry points share: repo paths and fixture defaults, prompt files, the run
+record every results file carries (date, machine, device, versions, commit, command), JSON
+writing and timing.
+
+Entry points run as `python benchmarks/NAME.py`, so this folder is on `sys.path` and they import
+this module as `common`; `checkout_first()` puts the repo root before any installed copy of the
+packages.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "examples" / "fixtures"
+DEV_PROMPTS = FIXTURES / "dev-prompts.jsonl"
+
+
+def fixture(name: str) -> Path:
+    """Path of a bundled fixture, e.g. fixture("code-dllm")."""
+    return FIXTURES / name
+
+
+def checkout_first() -> None:
+    """This checkout's packages (and this folder) first on sys.path."""
+    for p in (str(ROOT / "benchmarks"), str(ROOT)):
+        if p in sys.path:
+            sys.path.remove(p)
+        sys.path.insert(0, p)
+
+
+def read_prompts(path: str | Path = DEV_PROMPTS) -> list[str]:
+    """The "prompt" field of every non-empty line of a JSONL file."""
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(f"prompts: file not found: {path}")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise SystemExit(f"prompts: {path}:{n} is not valid JSON ({err.msg})") from None
+        if not (isinstance(row, dict) and isinstance(row.get("prompt"), str)):
+            raise SystemExit(f"prompts: {path}:{n} needs a string field 'prompt'")
+        out.append(row["prompt"])
+    return out
+
+
+def span(text: str) -> slice:
+    """"32:48" -> slice(32, 48): a range of prompt indices on the command line."""
+    lo, _, hi = text.partition(":")
+    return slice(int(lo) if lo else None, int(hi) if hi else None)
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def run_info(device=None) -> dict:
+    """Where and how this run happened: UTC date, machine, accelerator, versions, commit,
+    the command line."""
+    info = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": platform.node(), "platform": platform.platform(),
+            "python": platform.python_version(), "commit": _commit(),
+            "command": shlex.join(["python", *sys.argv])}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            dev = torch.device(device) if device is not None else torch.device("cuda")
+            if dev.type == "cuda":
+                info["gpu"] = torch.cuda.get_device_name(dev)
+                info["cuda"] = torch.version.cuda
+    if device is not None:
+        info["device"] = str(device)
+    return info
+
+
+def write_json(path: str | Path, payload, device=None) -> Path:
+    """Write payload as JSON (parents created). A dict gets a "run" record unless it has one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(payload, dict) and "run" not in payload:
+        payload = {"run": run_info(device), **payload}
+    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    return path
+
+
+def _sync(device) -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def wall_ms(fn, device=None, iters: int = 10, warmup: int = 3) -> float:
+    """Median host-clock milliseconds of fn(), the device synchronised around each call (host
+    work included: for eager loops with host syncs)."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(iters):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(out)
+
+
+def event_ms(fn, device=None, iters: int = 200, warmup: int = 20) -> float:
+    """Median milliseconds of fn() between CUDA events on a CUDA device (the host clock
+    elsewhere)."""
+    import torch
+
+    if device is None or torch.device(device).type != "cuda":
+        return wall_ms(fn, None, iters, warmup)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
