@@ -2,7 +2,7 @@
 attention (issue 7), each with and without compiled pointwise ops (`compile_pointwise`).
 
     python benchmarks/fast_attention_bench.py --out $OUT/fa                          # H200, < 3 min
-    python benchmarks/fast_attention_bench.py --device cpu --dry-run --out /tmp/fa   # logic check
+    python benchmarks/fast_attention_bench.py --device cpu --dry-run --out OUT      # logic check
 Per (shape, context, batch, compile, attention), random weights, every row at `context` committed
 tokens: CUDA-graph replay times of the target verify forward T(1) (no drafter), T(8), T(16) (with
 the drafter's context write) and of the drafter block forward + LM head D(8), D(16); and the
@@ -17,17 +17,14 @@ import argparse
 import gc
 import json
 import os
-import platform
-import sys
 import time
 import traceback
-from datetime import date
 from pathlib import Path
 
 import torch
+from common import DEV_PROMPTS, FIXTURES, checkout_first, read_prompts, run_info, write_json
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # this checkout's packages first
+checkout_first()
 
 from gpu_projection import QWEN3_8B, step_times  # noqa: E402
 
@@ -40,7 +37,7 @@ from dflash_plugin.fast.qwen3 import (  # noqa: E402
     target_forward,
 )
 
-FIX = ROOT / "examples" / "fixtures"
+FIX = FIXTURES
 TAUS = (3.85, 4.5)
 # the code-target fixture (8 layers) and its shipped 3-layer drafter, if its config is missing
 FIXTURE = Shape(hidden=384, layers=8, heads=6, kv_heads=2, head_dim=64, intermediate=1152,
@@ -80,7 +77,7 @@ def attempt(R: dict, name: str, fn, out_dir: Path):
         R["errors"][name] = repr(err)
         return None
     finally:
-        (out_dir / "results.partial.json").write_text(json.dumps(R, indent=1, default=str))
+        write_json(out_dir / "results.partial.json", R)
 
 
 def free(device):
@@ -138,13 +135,12 @@ def fixture_pair(device, dtype, batch, max_len):
     from dflash_plugin.cli import load_target
     from dflash_plugin.fast.drafter import draft_weights
     from dflash_plugin.fast.qwen3 import target_weights
-    from dflash_plugin.training.data import load_prompts_jsonl
 
     model, tok = load_target(str(FIX / "code-target"), str(device), dtype)
     drafter = load_drafter(FIX / "code-target-dflash-b16", device, dtype)
     tw = target_weights(model)
     dw = draft_weights(drafter, tw.embed.dtype)
-    texts = load_prompts_jsonl(FIX / "dev-prompts.jsonl")[:batch]
+    texts = read_prompts(DEV_PROMPTS)[:batch]
     prompts = [tok(p).input_ids[:(i + 2) * max_len // (2 * batch + 2)]  # ragged rows
                for i, p in enumerate(texts)]
     return (lambda a: FastDecoder(tw, dw, batch, max_len, device, max_block=16, attention=a)), \
@@ -231,10 +227,8 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     import triton
 
-    R = {"date": str(date.today()), "machine": platform.node(), "torch": torch.__version__,
-         "triton": triton.__version__, "dtype": str(dtype), "args": vars(args),
-         "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
-         "checks": {}, "variants": [], "skipped": [], "errors": {}}
+    R = {"run": run_info(device), "triton": triton.__version__, "dtype": str(dtype),
+         "args": vars(args), "checks": {}, "variants": [], "skipped": [], "errors": {}}
     t_start = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False
     fx_shape, fx_layers, fx_ids = fixture_shape()
@@ -292,7 +286,7 @@ def main() -> None:
                         attempt(R, name, one, out_dir)
     compile_pointwise(False)
     R["wall_seconds"] = time.perf_counter() - t_start
-    (out_dir / "results.json").write_text(json.dumps(R, indent=1, default=str))
+    write_json(out_dir / "results.json", R)
     table = attempt(R, "table", lambda: markdown(R), out_dir) or ""
     (out_dir / "table.md").write_text(table)
     print(table)

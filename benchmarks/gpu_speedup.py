@@ -1,36 +1,35 @@
-"""DFlash wall-clock speedup on one GPU, every row side by side on the same prompts (issue 7).
+"""DFlash wall-clock speedup on one GPU, every row side by side on the same prompts.
 
-    python benchmarks/gpu_speedup.py --out out/gpu-speedup            # ~3-5 min on an H200
+    python benchmarks/gpu_speedup.py --out out/gpu-speedup --compile --slow-limit 4   # H200, ~3 min
     python benchmarks/gpu_speedup.py --out out/gpu-quick --quick      # smoke run
-    (--attention triton: our runtime's steps use the `kernels` Triton attention instead of SDPA)
+    python benchmarks/gpu_speedup.py --plot out/gpu-speedup/results.json   # re-draw speedup.png
+(--attention sdpa|triton picks our runtime's attention; default auto = Triton on CUDA.)
 Rows (greedy, EOS ignored so every request makes exactly --max-new-tokens tokens, bf16):
 HF `generate`; plain AR, prompt lookup and DFlash (B = 8, 16) in our fast runtime (static caches
 + CUDA graphs) at batch 1/4/16/32; the z-lab `dflash` package loop (PyPI dflash 0.1.0) on the same
 target + drafter. Plus: fp32 token identity of the fast path vs the reference loop and HF, bf16
 agreement rates, per-round overhead vs isolated graph timings, and the Qwen3-8B-shape projection.
 Every part runs in its own try/except. Writes DIR/results.json, DIR/table.md, DIR/speedup.png
-(or run benchmarks/plot_speedup.py DIR/results.json where matplotlib is missing).
+(matplotlib when installed, else Pillow).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import platform
 import sys
 import time
 import traceback
-from datetime import date
 from pathlib import Path
 
 import torch
+from common import FIXTURES, checkout_first, read_prompts, run_info, write_json
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # this checkout's packages first
+checkout_first()
 
 from gpu_projection import accept_times, project_8b, step_times  # noqa: E402
-from plot_speedup import plot  # noqa: E402
 
 from dflash_plugin.checkpoint import load_drafter  # noqa: E402
 from dflash_plugin.cli import load_target  # noqa: E402
@@ -38,9 +37,8 @@ from dflash_plugin.fast import build_decoder, fast_generate  # noqa: E402
 from dflash_plugin.fast.loop import compile_steps  # noqa: E402
 from dflash_plugin.generate import speculative_generate  # noqa: E402
 from dflash_plugin.proposers import DFlashProposer  # noqa: E402
-from dflash_plugin.training.data import load_prompts_jsonl  # noqa: E402
 
-FIX = ROOT / "examples" / "fixtures"
+FIX = FIXTURES
 
 
 def attempt(results: dict, name: str, fn):
@@ -57,7 +55,7 @@ def attempt(results: dict, name: str, fn):
         return None
     finally:  # keep what is done if a later part hangs past the caller's time limit
         if results.get("partial_path"):
-            Path(results["partial_path"]).write_text(json.dumps(results, indent=1, default=str))
+            write_json(results["partial_path"], results)
 
 
 DEVICE = "cuda"
@@ -132,12 +130,14 @@ def zlab_drafter(zl, ours):
 
 
 def build_prompts(tok, path, limit):
-    return [tok(p).input_ids for p in load_prompts_jsonl(path)][:limit]
+    return [tok(p).input_ids for p in read_prompts(path)][:limit]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", help="results folder (required unless --plot)")
+    p.add_argument("--plot", metavar="RESULTS_JSON",
+                   help="only re-draw speedup.png next to an earlier run's results.json")
     p.add_argument("--target", default=str(FIX / "code-target"))
     p.add_argument("--drafter", default=str(FIX / "code-target-dflash-b16"))
     p.add_argument("--prompts", default=str(FIX / "dev-prompts.jsonl"))
@@ -156,6 +156,11 @@ def main() -> None:
     p.add_argument("--attention", default="auto", choices=["auto", "sdpa", "triton"],
                    help="attention backend of our runtime's steps (fast/attention.py)")
     args = p.parse_args()
+    if args.plot:
+        print(plot(args.plot, Path(args.plot).with_name("speedup.png")))
+        return
+    if not args.out:
+        p.error("--out is required")
     if args.compile:
         compile_steps()
     global DEVICE
@@ -165,9 +170,7 @@ def main() -> None:
         args.limit, args.slow_limit, args.batches, args.max_new_tokens = 8, 2, [1, 4], 128
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    R = {"date": str(date.today()), "machine": platform.node(),
-         "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else None,
-         "dtype": str(dtype), "torch": torch.__version__, "args": vars(args),
+    R = {"run": run_info(DEVICE), "dtype": str(dtype), "args": vars(args),
          "rows": [], "checks": {}, "errors": {},
          "partial_path": str(out_dir / "results.partial.json")}
     t_start = time.perf_counter()
@@ -360,12 +363,12 @@ def main() -> None:
         attempt(R, "8B projection", proj)
 
     R["wall_seconds"] = time.perf_counter() - t_start
-    (out_dir / "results.json").write_text(json.dumps(R, indent=1, default=str))
+    write_json(out_dir / "results.json", R)
     table = markdown(R)
     (out_dir / "table.md").write_text(table)
     print(table)
     attempt(R, "plot", lambda: plot(out_dir / "results.json", out_dir / "speedup.png"))
-    (out_dir / "results.json").write_text(json.dumps(R, indent=1, default=str))
+    write_json(out_dir / "results.json", R)
     print(f"wrote {out_dir} in {R['wall_seconds']:.0f} s; errors: {list(R['errors'])}")
 
 
@@ -384,6 +387,99 @@ def markdown(R: dict) -> str:
         lines.append(f"| {r['row']} | {r['batch']} | {r['block']} | {r['prompts']} | "
                      f"{r['tokens_per_second']:.1f} | {r.get('tau', 1.0):.3f} | {sp} | {split} |")
     return "\n".join(lines) + "\n"
+
+
+# --- the plot: speedup over our AR vs batch size, and tau per prompt at batch 1 ---
+COLORS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189)]
+
+
+def series(R: dict):
+    """{label: [(batch, speedup)]} and {label: sorted tau per prompt at batch 1}."""
+    base = {r["batch"]: r["tokens_per_second"] for r in R["rows"] if r["row"] == "ours AR"}
+    speed, taus = {}, {}
+    for r in R["rows"]:
+        if r["row"] in ("ours DFlash", "ours n-gram (host lookup)") and r["batch"] in base:
+            label = f"{r['row'].split(' (')[0]} B={r['block']}"
+            speed.setdefault(label, []).append((r["batch"],
+                                                r["tokens_per_second"] / base[r["batch"]]))
+            if r["batch"] == 1 and r.get("tau_per_prompt"):
+                taus[label] = sorted(r["tau_per_prompt"])
+    return speed, taus
+
+
+def _plot_mpl(speed, taus, png):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, pts in speed.items():
+        pts = sorted(pts)
+        a.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label)
+    a.axhline(1.0, color="gray", lw=0.8)
+    a.set_xscale("log", base=2)
+    a.set_xlabel("batch size")
+    a.set_ylabel("speedup over our AR (tokens/s)")
+    a.legend()
+    for label, t in taus.items():
+        b.plot(range(len(t)), t, marker=".", label=label)
+    b.set_xlabel("prompt (sorted by tau)")
+    b.set_ylabel("tau (batch 1)")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def _plot_pil(speed, taus, png):
+    from PIL import Image, ImageDraw
+
+    W, H, M = 1100, 420, 50
+    img = Image.new("RGB", (W, H), "white")
+    d = ImageDraw.Draw(img)
+
+    def panel(x0, title, pts_by_label, xs_log):
+        x1, y0, y1 = x0 + W // 2 - 2 * M, M, H - M
+        allp = [p for pts in pts_by_label.values() for p in pts] or [(1, 1)]
+        xv = [(p[0] if not xs_log else math.log2(p[0])) for p in allp]
+        ymax = max(max(p[1] for p in allp), 1.0) * 1.1
+        xmin, xmax = min(xv), max(max(xv), min(xv) + 1)
+        d.rectangle([x0, y0, x1, y1], outline="black")
+        d.text((x0, 10), title, fill="black")
+        for k in range(5):
+            yv = ymax * k / 4
+            yy = y1 - (y1 - y0) * yv / ymax
+            d.text((x0 - 40, yy - 5), f"{yv:.1f}", fill="black")
+        for i, (label, pts) in enumerate(pts_by_label.items()):
+            c = COLORS[i % len(COLORS)]
+            xy = []
+            for x, y in sorted(pts):
+                xx = math.log2(x) if xs_log else x
+                xy.append((x0 + (x1 - x0) * (xx - xmin) / (xmax - xmin), y1 - (y1 - y0) * y / ymax))
+            if len(xy) > 1:
+                d.line(xy, fill=c, width=2)
+            for px, py in xy:
+                d.ellipse([px - 3, py - 3, px + 3, py + 3], fill=c)
+            d.text((x0 + 10, y0 + 10 + 14 * i), label, fill=c)
+        if xs_log:
+            for x in sorted({p[0] for p in allp}):
+                xx = x0 + (x1 - x0) * (math.log2(x) - xmin) / (xmax - xmin)
+                d.text((xx - 5, y1 + 5), str(x), fill="black")
+
+    panel(M + 10, "speedup over our AR vs batch size", speed, True)
+    panel(W // 2 + M + 10, "tau per prompt at batch 1 (sorted)",
+          {k: list(enumerate(v)) for k, v in taus.items()}, False)
+    img.save(png)
+
+
+def plot(results_json, png) -> Path:
+    R = json.loads(Path(results_json).read_text())
+    speed, taus = series(R)
+    try:
+        _plot_mpl(speed, taus, png)
+    except ImportError:
+        _plot_pil(speed, taus, png)
+    return Path(png)
 
 
 if __name__ == "__main__":
