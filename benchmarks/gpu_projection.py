@@ -4,7 +4,7 @@ T(q) = one target verify forward of q query tokens per row (graph replay, contex
 committed tokens); T_draft(q) = one drafter block forward + LM head; `accept_times` = the
 acceptance step, eager vs compiled. The projection is the speedup implied by an acceptance length
 tau: tau * T(1) / (T(B) + T_draft(B)). Random weights: only the shapes matter for time. Used
-by `gpu_speedup.py`; runs standalone too:
+by `gpu_speedup.py` and `fast_attention_bench.py`; runs standalone too:
     python benchmarks/gpu_projection.py --tau 3.2
 """
 

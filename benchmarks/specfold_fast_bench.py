@@ -201,7 +201,7 @@ def markdown(R) -> str:
 
 
 FALLBACK_RATIOS = {0.05: (0.529, 0.434), 0.1: (0.672, 0.606), 0.2: (0.80, 0.764),
-                   0.3: (0.867, 0.849)}  # draft rows, H200 e2e run in BENCHMARKS.md
+                   0.3: (0.867, 0.849)}  # draft rows, H200 e2e run (results/specfold-gpu)
 
 
 def fixture_section(B: Bench, model, tok):
