@@ -32,7 +32,7 @@ Caps = list[tuple[int | None, int | None]]
 class CapacityPlanner:
     """Plans from the counts seen at the same (branches, positions): per layer and gate, the
     largest of the last `window` counts + margin x rows, rounded up to `granule`, at most every
-    row. (`benchmarks/capacity_replay.py` on the fixture's counts: window 8 re-runs 2.9 % of the
+    row. (A replay of the fixture's counts, BENCHMARKS.md "SpecFold": window 8 re-runs 2.9 % of the
     layers at delta 0.05 where window 1 re-ran 14.9 %, and plans 2.6 % fewer rows.)"""
 
     def __init__(self, granule: int = 16, margin: float = 0.125, window: int = 8):
