@@ -9,6 +9,8 @@ configs and registers the algorithms; the acceptance rule is `sglang_drafts.py`,
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,9 @@ FIELD = "--dllm-algorithm-config"
 # Keys SGLang itself reads from the same YAML (dllm/config.py, algorithm base).
 SGLANG_KEYS = frozenset({"block_size", "capture_input_preparation"})
 SPIFFY_KEYS = frozenset({"graph", "budget", "keep", "threshold", "unmask_per_step",
-                         "eos_token_id", "banned_token_ids", "max_running_requests"})
+                         "eos_token_id", "banned_token_ids", "max_running_requests", "seed"})
+# SGLang stores temperature 0 as temperature 1 with top_k 1, and "no top_k" as 1 << 30.
+TOP_K_ALL = 1 << 30
 
 
 def rule_params(rule: str) -> DecodeParams:
@@ -48,6 +52,7 @@ class SpiffyConfig:
     mask_id: int
     eos_token_id: int | None
     banned_token_ids: tuple[int, ...]  # never predicted (mask, pad)
+    seed: int = 0  # YAML `seed`: random streams of sampled requests that give no sampling_seed
 
     @property
     def budget(self) -> int:  # D: nodes in the calibrated graph
@@ -99,8 +104,40 @@ def parse_spiffy_config(raw: Any, *, block_size: int, mask_id: int,
     banned = raw.get("banned_token_ids", [mask_id])
     require(isinstance(banned, list) and all(isinstance(b, int) and b >= 0 for b in banned),
             f"{FIELD}: banned_token_ids", f"must be a list of token ids, got {banned!r}")
+    seed = _int(raw, "seed", 0)
     return SpiffyConfig(graph, raw["graph"], d if keep is None else keep, params, mask_id, eos,
-                        tuple(sorted(set(banned) | {mask_id})))
+                        tuple(sorted(set(banned) | {mask_id})), 0 if seed is None else seed)
+
+
+# --- per-request sampling ---------------------------------------------------------------------
+def unsupported_sampling(top_k: int, min_p: float) -> str | None:
+    """Why a request's sampling params cannot be honoured exactly (the reference runtime samples
+    with temperature and top-p only), or None. Temperature and top-p ranges are SGLang's own
+    check (`SamplingParams.verify`), which rejects a bad request before it is scheduled."""
+    if 1 < top_k < TOP_K_ALL:
+        return (f"top_k={top_k} is not supported by this dLLM algorithm (it samples with "
+                "temperature and top_p only); leave top_k unset")
+    if min_p > 0:
+        return (f"min_p={min_p} is not supported by this dLLM algorithm (it samples with "
+                "temperature and top_p only); leave min_p unset")
+    return None
+
+
+def request_params(rule: DecodeParams, temperature: float, top_p: float,
+                   top_k: int) -> DecodeParams:
+    """The decoding params of one request: the graph's rule at the request's temperature and
+    top-p, as SGLang resolved them; `rule` itself (greedy) where SGLang means greedy (top_k 1,
+    which is how it stores temperature 0) or the temperature is 0."""
+    if top_k <= 1 or temperature == 0:
+        return rule
+    return dataclasses.replace(rule, temperature=float(temperature), top_p=float(top_p))
+
+
+def request_seed(seed: int, rid: Any) -> int:
+    """The seed of a sampled request that gives no `sampling_seed`: 63 bits of
+    sha256("{seed}:{rid}") (YAML `seed`, SGLang's request id), the same in every process."""
+    digest = hashlib.sha256(f"{seed}:{rid}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
 def decodable_positions(

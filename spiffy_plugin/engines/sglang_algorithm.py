@@ -9,25 +9,38 @@ token-identical to `spiffy generate`. SGLang's own loops (`DllmAlgorithm._run_sy
 drive the forwards unchanged: `run` hands them a `Scorer` in place of the model runner.
 SGLang < 0.5.21 does not call `prepare_inputs` before a forward; there `run` and `step` hand the
 Scorer the request states themselves (see `HANDS_STATES`).
+
+Sampling: each request's temperature / top-p come from the batch's `sampling_info` (SGLang's
+resolved `SamplingParams`, one row per root); a sampled request replays the same
+`decode.step_distribution` / `choose_unmask` as the reference with its own random stream
+(`sglang_drafts.Streams`: its `sampling_seed`, else the YAML `seed` and its request id). Greedy
+requests (temperature 0, which SGLang stores as top_k 1) take the greedy path unchanged.
+`validate_request` (SGLang >= 0.5.23) rejects, per request, sampling params we cannot honour.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections import OrderedDict
 from typing import Any
 
 import torch
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
-from .sglang import parse_spiffy_config
+from ..params import DecodeParams
+from .sglang import parse_spiffy_config, request_params, unsupported_sampling
 from .sglang_batch import DraftRows, extend_batch, unsupported
-from .sglang_drafts import CanvasState, Draft, advance, drafts_to_score
+from .sglang_drafts import CanvasState, Draft, Streams, advance, drafts_to_score
 
 logger = logging.getLogger(__name__)
 # SGLang >= 0.5.21 calls `prepare_inputs(runner, batch, states)` before every forward of its loops.
 HANDS_STATES = "prepare_inputs" in vars(DllmAlgorithm)
+# rid -> the request's `sampling_seed`, noted by `validate_request` (the scheduler's process, the
+# same as the model worker's) and taken when the request's random stream is created.
+REQUEST_SEEDS: OrderedDict[Any, int] = OrderedDict()
+MAX_PENDING_SEEDS = 65536
 
 
 def kv_block_copier(pool):
@@ -115,6 +128,7 @@ class Spiffy(DllmAlgorithm):
         # forwards: all (prompt blocks too); blocks / steps / accepted: denoised blocks only
         self.totals = {"forwards": 0, "blocks": 0, "steps": 0, "accepted": 0}
         self._warned: set[str] = set()
+        self.streams = Streams(self.cfg.seed)
         logger.info("%s: graph %s (D=%d, D*=%d, rule %s); each forward scores the root and up "
                     "to D* draft blocks", type(self).__name__, self.cfg.graph_path,
                     self.cfg.budget, self.cfg.keep, self.cfg.graph.rule)
@@ -124,6 +138,52 @@ class Spiffy(DllmAlgorithm):
         """Fail at launch, before any model loads, on a bad algorithm config."""
         config = DllmConfig.from_server_args(server_args)
         cls.parse(config.algorithm_config, block_size=config.block_size, mask_id=config.mask_id)
+
+    @classmethod
+    def validate_request(cls, req) -> str | None:
+        """Per request, at arrival (SGLang >= 0.5.23; a message aborts that request alone with
+        HTTP 400): sampling params the reference cannot replay. Notes its `sampling_seed`."""
+        sp = req.sampling_params
+        why = unsupported_sampling(sp.top_k, sp.min_p)
+        if why is not None:
+            return why
+        seed = getattr(sp, "sampling_seed", None)
+        if seed is not None and sp.top_k > 1 and sp.temperature > 0:
+            REQUEST_SEEDS[req.rid] = int(seed)
+            while len(REQUEST_SEEDS) > MAX_PENDING_SEEDS:
+                REQUEST_SEEDS.popitem(last=False)
+        base = getattr(super(), "validate_request", None)
+        return base(req) if base is not None else None
+
+    def sampling(self, forward_batch) -> list[tuple[DecodeParams, int | None] | None]:
+        """Per root row: (its DecodeParams, its own seed or None) when sampled, else None."""
+        b = forward_batch.batch_size
+        info = getattr(forward_batch, "sampling_info", None)
+        if info is None or getattr(info, "is_all_greedy", False) \
+                or getattr(info, "temperatures", None) is None:
+            return [None] * b
+        temps = info.temperatures.view(-1).tolist()
+        top_ps, top_ks = info.top_ps.view(-1).tolist(), info.top_ks.view(-1).tolist()
+        min_ps = info.min_ps.view(-1).tolist() if getattr(info, "min_ps", None) is not None \
+            else [0.0] * len(temps)
+        seeds = getattr(info, "sampling_seed", None)  # SGLang's deterministic inference only
+        seeds = seeds.view(-1).tolist() if seeds is not None else [None] * len(temps)
+        rids = list(forward_batch.rids or [None] * b)
+        out: list[tuple[DecodeParams, int | None] | None] = []
+        for i in range(b):
+            if i >= len(temps):
+                out.append(None)
+                continue
+            why = unsupported_sampling(top_ks[i], min_ps[i])
+            if why is not None:  # SGLang < 0.5.23 has no per-request check
+                self.warn_once(f"{why}: sampling with temperature and top_p only")
+            params = request_params(self.cfg.params, temps[i], top_ps[i], top_ks[i])
+            if params.greedy:
+                out.append(None)
+                continue
+            own = REQUEST_SEEDS.pop(rids[i], None) if rids[i] is not None else None
+            out.append((params, own if own is not None else seeds[i]))
+        return out
 
     def forward_context(self, batch, scored: list[list[Draft]], first: list[int],
                         states: list[CanvasState]):
@@ -179,13 +239,24 @@ class Spiffy(DllmAlgorithm):
         copy = None if getattr(translator, "is_translating", False) or not self.exact_draft_kv \
             else kv_block_copier(sc.mr.token_to_kv_pool)
         done = []
+        sampled = self.sampling(forward_batch)
+        starts = forward_batch.positions.view(b, bs)[:, 0].tolist() if any(sampled) else None
+        rids = list(forward_batch.rids or [None] * b)
         for i, st in enumerate(states):
             if st.done:
                 done.append(True)
                 continue
             scored = sc.scored[i] if i < len(sc.scored) else []
+            kw = {}
+            if sampled[i] is not None:
+                rid = rids[i] if rids[i] is not None else f"row{i}@{starts[i]}"
+                kw = dict(params=sampled[i][0], generator=self.streams.get(
+                    rid, logits.device, sampled[i][1], starts[i]))
             out = advance(ids[i], logits[i], scored, sc.draft_logits[i] if scored else None,
-                          st, self.cfg, final_from_draft=copy is not None)
+                          st, self.cfg, final_from_draft=copy is not None, **kw)
+            if kw and out.done and self.cfg.eos_token_id is not None and \
+                    (ids[i][~st.prompt.to(ids.device)] == self.cfg.eos_token_id).any():
+                self.streams.drop(rid)  # the request ends with this block
             if out.kv_from is not None:  # the final canvas's K/V: copy the draft row's block
                 root = forward_batch.out_cache_loc.view(b, bs)[i]
                 copy(root, sc.rows.block_slots(sc.first[i] + out.kv_from, bs).to(root))

@@ -10,13 +10,15 @@ draft's logits whenever the next true canvas equals a scored child draft, exactl
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
 from ..decode import choose_unmask, step_distribution
+from ..params import DecodeParams
 from ..spiffy import materialize, prune, rank_tables
-from .sglang import SpiffyConfig, decodable_positions
+from .sglang import SpiffyConfig, decodable_positions, request_seed
 
 
 @dataclass
@@ -67,10 +69,15 @@ def advance(
     state: CanvasState,
     cfg: SpiffyConfig,
     final_from_draft: bool = True,
+    params: DecodeParams | None = None,  # this request's params (sampled); None: cfg.params
+    generator: torch.Generator | None = None,  # this request's random stream (sampled params)
 ) -> Outcome:
     """Apply as many denoising steps as this forward's rows verify; set `state.drafts`. When the
     final canvas is itself a scored draft (and `final_from_draft`), that row's K/V can stand in
-    for the forward that would persist it: `Outcome(True, row)`; the caller copies them."""
+    for the forward that would persist it: `Outcome(True, row)`; the caller copies them.
+    Sampled params draw each step's tokens from `generator`, one `choose_unmask` per step as the
+    reference decoder does, so the same stream gives the reference's tokens."""
+    params = cfg.params if params is None else params
     state.forwards += 1
     state.drafts, state.root = [], None
     dec = _decodable(ids, state.prompt, cfg)
@@ -83,8 +90,8 @@ def advance(
         logits = logits.float().clone()
         if banned:
             logits[:, banned] = float("-inf")
-        probs = step_distribution(logits, cfg.params)
-        pos, toks = choose_unmask(probs, dec, cfg.params, None)
+        probs = step_distribution(logits, params)
+        pos, toks = choose_unmask(probs, dec, params, generator)
         ids[pos.to(ids.device)] = toks.to(ids.device, ids.dtype)
         state.steps += 1
         dec = _decodable(ids, state.prompt, cfg)
@@ -110,3 +117,39 @@ def advance(
     if cfg.eos_token_id is not None:  # masks after a generated EOS become EOS (emitted canvas)
         ids.masked_fill_(left, cfg.eos_token_id)
     return Outcome(False, None)
+
+
+class Streams:
+    """Per-request random streams of sampled requests, kept across the request's blocks (SGLang
+    drops an algorithm state when its block ends; the reference draws one request's whole
+    generation from one generator). A stream is created on the device of the logits, seeded with
+    the request's own seed when it gives one, else `request_seed(cfg seed, rid)`. It is dropped
+    when a block ends in EOS; at most `capacity` are kept (least recently used go first). A
+    request that comes back after its stream was dropped gets a new one seeded from its id and
+    the block's start, never a replay of draws it already used."""
+
+    def __init__(self, seed: int, capacity: int = 4096):
+        self.seed, self.capacity = seed, capacity
+        self.live: OrderedDict[object, torch.Generator] = OrderedDict()
+        self.gone: OrderedDict[object, None] = OrderedDict()  # rids whose stream was dropped
+
+    def get(self, rid, device: torch.device, seed: int | None, start: int) -> torch.Generator:
+        g = self.live.get(rid)
+        if g is not None and g.device == torch.device(device):
+            self.live.move_to_end(rid)
+            return g
+        base = request_seed(self.seed, rid) if seed is None else seed
+        if rid in self.gone or g is not None:
+            base = request_seed(base, f"{rid}@{start}")
+        g = torch.Generator(device=device).manual_seed(base)
+        self.live[rid] = g
+        self.live.move_to_end(rid)
+        while len(self.live) > self.capacity:
+            self.drop(next(iter(self.live)))
+        return g
+
+    def drop(self, rid) -> None:
+        if self.live.pop(rid, None) is not None:
+            self.gone[rid] = None
+            while len(self.gone) > 16 * self.capacity:
+                self.gone.popitem(last=False)
