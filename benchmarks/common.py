@@ -38,22 +38,15 @@ def checkout_first() -> None:
 
 
 def read_prompts(path: str | Path = DEV_PROMPTS) -> list[str]:
-    """The "prompt" field of every non-empty line of a JSONL file."""
-    path = Path(path)
-    if not path.is_file():
-        raise SystemExit(f"prompts: file not found: {path}")
-    out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise SystemExit(f"prompts: {path}:{n} is not valid JSON ({err.msg})") from None
-        if not (isinstance(row, dict) and isinstance(row.get("prompt"), str)):
-            raise SystemExit(f"prompts: {path}:{n} needs a string field 'prompt'")
-        out.append(row["prompt"])
-    return out
+    """The "prompt" field of every non-empty line of a JSONL file (the project's one reader,
+    `dflash_plugin.training.data.load_prompts_jsonl`; a bad file exits with its message)."""
+    from dflash_plugin.errors import ConfigError
+    from dflash_plugin.training.data import load_prompts_jsonl
+
+    try:
+        return load_prompts_jsonl(path)
+    except ConfigError as err:
+        raise SystemExit(str(err)) from None
 
 
 def span(text: str) -> slice:
