@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from specdec_kernels.sampling import top_k_filter, top_p_filter
 
 from .errors import require
 
@@ -38,19 +39,8 @@ def sampling_probs(
     """Temperature, top-k and top-p applied in that order; greedy maps to a one-hot."""
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    scores = logits.float() / params.temperature
-    vocab = scores.shape[-1]
-    if 0 < params.top_k < vocab:
-        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    if params.top_p < 1:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        mass_before = sorted_p.cumsum(-1) - sorted_p
-        sorted_p = sorted_p.masked_fill(mass_before >= params.top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    scores = top_k_filter(logits.float() / params.temperature, params.top_k)
+    return top_p_filter(torch.softmax(scores, dim=-1), params.top_p)
 
 
 def sample_from(

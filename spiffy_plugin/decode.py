@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from specdec_kernels.sampling import top_p_filter
 
 from .errors import require
 from .params import DecodeParams
@@ -35,12 +36,7 @@ def step_distribution(
 ) -> torch.Tensor:  # [block, vocab] probabilities the step samples from / takes confidence of
     scores = logits / (params.temperature if not params.greedy else 1.0)
     probs = torch.softmax(scores, dim=-1)
-    if params.top_p < 1 and not params.greedy:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        drop = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    return probs if params.greedy else top_p_filter(probs, params.top_p)
 
 
 def choose_unmask(
