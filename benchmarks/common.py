@@ -133,3 +133,29 @@ def event_ms(fn, device=None, iters: int = 200, warmup: int = 20) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b))
     return statistics.median(times)
+
+
+def graph_ms(fn, dev, iters: int):
+    """fn() captured as one CUDA graph after two warm-up calls: (ms per replay over `iters`
+    replays, the outputs of the captured call); (None, None) off CUDA."""
+    import torch
+
+    if dev.type != "cuda":
+        return None, None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm-up: Triton compiles, cuBLAS handles, allocator
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    g.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        g.replay()
+    end.record()
+    end.synchronize()
+    return round(start.elapsed_time(end) / iters, 4), out

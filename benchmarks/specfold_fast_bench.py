@@ -29,7 +29,16 @@ import time
 import traceback
 from pathlib import Path
 
-from common import DEV_PROMPTS, checkout_first, fixture, read_prompts, run_info, wall_ms, write_json
+from common import (
+    DEV_PROMPTS,
+    checkout_first,
+    fixture,
+    graph_ms,
+    read_prompts,
+    run_info,
+    wall_ms,
+    write_json,
+)
 
 checkout_first()
 if "--dry-run" in sys.argv:
@@ -82,29 +91,6 @@ class Bench:
 
     def save(self):
         write_json(self.out / "specfold_fast.json", self.R)
-
-
-def graph_ms(fn, dev, iters):
-    """(ms per replay, outputs of the captured call); (None, None) off CUDA."""
-    if dev.type != "cuda":
-        return None, None
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # warm-up: Triton compiles, cuBLAS handles, allocator
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    g.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        g.replay()
-    end.record()
-    end.synchronize()
-    return round(start.elapsed_time(end) / iters, 4), out
 
 
 def core(model, batch, prefix, delta, caps, forced=None):
