@@ -17,8 +17,9 @@ import torch
 from common import DEV_PROMPTS, fixture, read_prompts, run_info, write_json
 
 from dflash_plugin.checkpoint import check_compatible, load_drafter
-from dflash_plugin.cli import DTYPES, load_target, stop_ids
+from dflash_plugin.cli import stop_ids
 from dflash_plugin.generate import speculative_generate
+from dflash_plugin.loading import DTYPES, load_target
 from dflash_plugin.metrics import AggregateMetrics
 from dflash_plugin.ngram import NgramProposer
 from dflash_plugin.proposers import DFlashProposer

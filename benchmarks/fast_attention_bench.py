@@ -132,9 +132,9 @@ def check_identity(make, attentions, prompts, new_tokens, block) -> dict:
 def fixture_pair(device, dtype, batch, max_len):
     """FastDecoder factory over the real code-target fixture + drafter (needs transformers)."""
     from dflash_plugin.checkpoint import load_drafter
-    from dflash_plugin.cli import load_target
     from dflash_plugin.fast.drafter import draft_weights
     from dflash_plugin.fast.qwen3 import target_weights
+    from dflash_plugin.loading import load_target
 
     model, tok = load_target(str(FIX / "code-target"), str(device), dtype)
     drafter = load_drafter(FIX / "code-target-dflash-b16", device, dtype)

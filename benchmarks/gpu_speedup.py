@@ -32,10 +32,10 @@ from gpu_projection import accept_times, project_8b, step_times  # noqa: E402
 from speedup_plot import plot  # noqa: E402
 
 from dflash_plugin.checkpoint import load_drafter  # noqa: E402
-from dflash_plugin.cli import load_target  # noqa: E402
 from dflash_plugin.fast import build_decoder, fast_generate  # noqa: E402
 from dflash_plugin.fast.loop import compile_steps  # noqa: E402
 from dflash_plugin.generate import speculative_generate  # noqa: E402
+from dflash_plugin.loading import load_target  # noqa: E402
 from dflash_plugin.proposers import DFlashProposer  # noqa: E402
 
 FIX = FIXTURES

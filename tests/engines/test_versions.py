@@ -90,8 +90,8 @@ def test_transformers_5_12_tokens_equal_this_environments(legacy_run):
     from transformers import AutoModelForCausalLM
 
     from dflash_plugin.checkpoint import load_drafter
-    from dflash_plugin.cli import load_target
     from dflash_plugin.generate import speculative_generate
+    from dflash_plugin.loading import load_target
     from dflash_plugin.proposers import DFlashProposer
     from spiffy_plugin.decode import generate
 

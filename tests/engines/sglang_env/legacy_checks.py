@@ -138,8 +138,8 @@ def test_transformers_5_12_runs_our_core_packages():
     speculative decoding equal to plain decoding, and Spiffy's reference decoder; the tokens go to
     $SPECDEC_VERSIONS_OUT for the outer test to compare with the main environment's."""
     from dflash_plugin.checkpoint import load_drafter
-    from dflash_plugin.cli import load_target
     from dflash_plugin.generate import speculative_generate
+    from dflash_plugin.loading import load_target
     from dflash_plugin.proposers import DFlashProposer
     from spiffy_plugin.decode import generate
     from tests.engines.sglang_env.fixtures import DLLM
