@@ -183,3 +183,12 @@ def merge_pair(out_a, m_a, l_a, out_b, m_b, l_b, rows_a=None, dtype=None):
         l_a = l_a[j].masked_fill(empty, 0.0)
     out, m, lsum = merge_states(out_a.float(), m_a, l_a, out_b.float(), m_b, l_b)
     return out.to(dtype or out_b.dtype), m, lsum
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Reference of specdec_kernels.matmul.invariant_linear: x @ w.T in float64, cast to x.dtype.
+
+    x,  # [..., K] float
+    w,  # [N, K] float
+    returns [..., N] (x.dtype)."""
+    return (x.double() @ w.double().T).to(x.dtype)
