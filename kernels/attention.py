@@ -9,7 +9,10 @@ that sees no key gets out = 0, m = -inf, l = 0. Pass only the prefix or only the
 get one partial attention; specdec_kernels.reference.merge_states combines two partials exactly.
 Split-K: with num_splits S > 1 each program takes 1/S of the prefix pages (the last also the
 blocks) and writes an fp32 partial; merge.merge_partials combines them (GPU: S is chosen
-so that about two programs run per SM).
+so that about two programs run per SM). With `split_tokens` T each split covers the fixed slots
+[s * T, s * T + T) instead: which split (and which key tile) a key lands in then depends on its
+slot alone, not on the row's prefix length, so a query attends in the same order whether it
+runs alone or with more queries (batch-invariant decode vs verify; with a fixed block_m).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def _branch_attn_kernel(
         out_ptr, m_ptr, l_ptr,
         sq_r, sq_b, sq_t, sq_h, sc_p, sc_s, sc_h, sbt_r, sb_r, sb_b, sb_t, sb_h,
         sm_r, sm_b, sm_q, so_r, so_b, so_t, so_h, so_s, ss_s,
-        NB, QL, BL, KVH, NS, qk_scale,
+        NB, QL, BL, KVH, NS, SPLIT, qk_scale,
         G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
         HAS_PREFIX: tl.constexpr, HAS_PVIS: tl.constexpr, HAS_BLOCK: tl.constexpr,
         HAS_MASK: tl.constexpr, STATE: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
@@ -76,6 +79,8 @@ def _branch_attn_kernel(
         if HAS_PVIS:
             vis_len = tl.minimum(vis_len, tl.load(pvis_ptr + row * NB + b, mask=t_ok, other=0))
         per = tl.cdiv(tl.cdiv(plen, BN), NS) * BN
+        if SPLIT > 0:  # fixed spans: the split of a key does not depend on plen
+            per = SPLIT
         for j0 in range(split * per, tl.minimum(plen, split * per + per), BN):
             j = j0 + tl.arange(0, BN)
             j_ok = j < plen
@@ -187,6 +192,7 @@ def branch_attention(
     block_m: int | None = None,
     block_n: int | None = None,
     num_splits: int | None = None,  # split-K over the prefix; None = auto (1 on CPU)
+    split_tokens: int | None = None,  # fixed prefix slots per split (a multiple of block_n)
     out_dtype: torch.dtype | None = None,  # default q.dtype; fp32 keeps partials for a merge
 ):
     """Returns out [rows, branches, q_len, heads, dim] (out_dtype, default q.dtype), and with
@@ -229,6 +235,11 @@ def branch_attention(
     ns = num_splits or _auto_splits(q, programs, cap, bn)
     if ns < 1:
         raise ValueError(f"num_splits: must be >= 1, got {ns}")
+    if split_tokens is not None and (split_tokens < 1 or split_tokens % bn
+                                     or split_tokens * ns < cap):
+        raise ValueError(f"split_tokens: must be a positive multiple of block_n ({bn}) with "
+                         f"num_splits ({ns}) x split_tokens >= the prefix capacity ({cap}), "
+                         f"got {split_tokens}")
     dev = q.device
     if ns == 1:
         out = torch.empty(rows, nb, ql, h, d, dtype=out_dtype or q.dtype, device=dev)
@@ -255,7 +266,8 @@ def branch_attention(
             *q.stride()[:4], *(kc.stride()[:3] if has_prefix else z[:3]),
             bt.stride(0) if has_prefix else 0, *(kb.stride()[:4] if has_block else z),
             *sm, *so, out.stride(0) if ns > 1 else 0, m.stride(0) if ns > 1 else 0,
-            nb, ql, k_blk.shape[2] if has_block else 0, kvh, ns, scale * _LOG2E,
+            nb, ql, k_blk.shape[2] if has_block else 0, kvh, ns, split_tokens or 0,
+            scale * _LOG2E,
             G=g, D=d, PS=k_cache.shape[1] if has_prefix else 1, HAS_PREFIX=has_prefix,
             HAS_PVIS=prefix_visible is not None, HAS_BLOCK=has_block,
             HAS_MASK=blk_mask is not None, STATE=return_state or ns > 1,

@@ -5,7 +5,11 @@ target's causal mask (visible = position + 1) and the drafter's block mask (visi
 for every query of the block) both take this form; a forward writes its own K/V before attending.
 Backends: "sdpa" (torch SDPA under a boolean mask over all max_len slots) and "triton"
 (`specdec_kernels.branch_attention`, which streams only the visible slots: the cache layer [batch,
-kv_heads, max_len, dim] is viewed as one page of max_len slots per row, block_table[r] = [r]).
+kv_heads, max_len, dim] is viewed as one page of max_len slots per row, block_table[r] = [r]),
+and "triton-invariant", the same kernel under a *batch-invariant* plan: the split-K count, each
+split's slot span and the query tile are fixed by the cache size alone, so a query's keys are
+reduced in the same order whether it is the one query of a decode step or one of the q queries of
+a verify block (see `invariant_splits`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from torch.nn import functional as F
 
 from ..errors import ConfigError, require
 
-BACKENDS = ("sdpa", "triton")
+BACKENDS = ("sdpa", "triton", "triton-invariant")
+TRITON = ("triton", "triton-invariant")
 
 
 def resolve_backend(attention: str, device: torch.device) -> str:
@@ -38,14 +43,14 @@ def resolve_backend(attention: str, device: torch.device) -> str:
 def check_backend(attention: str, device: torch.device) -> None:
     """Fail early on an unknown backend, or "triton" where no Triton kernel can run."""
     require(attention in BACKENDS, "attention", f"must be one of {BACKENDS}, got {attention!r}")
-    if attention == "triton":
+    if attention in TRITON:
         require(device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1", "attention",
-                f"'triton' needs a CUDA device (or TRITON_INTERPRET=1 on CPU), got {device}")
+                f"{attention!r} needs a CUDA device (or TRITON_INTERPRET=1 on CPU), got {device}")
         try:
             import specdec_kernels.attention  # noqa: F401
         except ImportError as err:
             raise ConfigError("attention",
-                              f"'triton' needs Triton and `specdec_kernels`: {err}") from None
+                              f"{attention!r} needs Triton and `specdec_kernels`: {err}") from None
 
 
 @dataclass
@@ -57,6 +62,18 @@ class AttnPlan:
     lengths: torch.Tensor | None = None  # triton: [batch] int32, slots any query of a row sees
     table: torch.Tensor | None = None  # triton: [batch, 1] int32 block table (row r -> page r)
     splits: int | None = None  # triton: split-K (None = the kernel's auto choice)
+    split_tokens: int | None = None  # triton: fixed slots per split (None = 1/splits of a row)
+    block_m: int | None = None  # triton: query-row tile (None = the kernel's choice from q)
+
+
+def invariant_splits(max_len: int, device: torch.device) -> tuple[int, int, int]:
+    """(splits, split_tokens, block_m) of the "triton-invariant" plan, from the cache size and
+    device only: about one split per 256 slots (at most 8), spans of whole key tiles covering
+    max_len, and the kernel's largest query tile, for every number of queries."""
+    bn, bm = (64, 64) if device.type == "cuda" else (16, 16)  # the kernel's defaults
+    splits = max(1, min(8, max_len // 256))
+    span = -(-max_len // (splits * bn)) * bn
+    return splits, span, bm
 
 
 def group_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
@@ -79,8 +96,12 @@ def plan(
         return AttnPlan(backend, mask=group_mask(mask, groups))
     vis = visible.to(torch.int32)
     table = torch.arange(vis.shape[0], device=vis.device, dtype=torch.int32)[:, None]
+    span = block_m = None
+    if backend == "triton-invariant":
+        splits, span, block_m = invariant_splits(slots.shape[0], slots.device)
     return AttnPlan(backend, visible=vis.contiguous() if vis.shape[1] > 1 else None,
-                    lengths=vis.amax(-1), table=table, splits=splits)
+                    lengths=vis.amax(-1), table=table, splits=splits, split_tokens=span,
+                    block_m=block_m)
 
 
 def attend(
@@ -102,5 +123,5 @@ def attend(
     q5 = qs[:, :, None] if p.visible is not None else qs[:, None]
     out = branch_attention(q5, k.transpose(1, 2), v.transpose(1, 2), p.table, p.lengths,
                            prefix_visible=p.visible, scale=d ** -0.5, validate=False,
-                           num_splits=p.splits)
+                           num_splits=p.splits, split_tokens=p.split_tokens, block_m=p.block_m)
     return out.reshape(b, s, h * d)
