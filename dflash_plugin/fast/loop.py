@@ -7,15 +7,24 @@ caps, stop tokens, output buffer, lengths, per-round metrics). No step syncs wit
 host reads the state only when it must choose the next block length, so at most one read per
 round and usually one per several rounds. Ragged rows are handled by per-row lengths and masks;
 finished rows stay in the batch and commit nothing.
+
+*Shapes*: a step's compiled kernels and CUDA graph are keyed by its block length q (1..max_block)
+and the prefill's by the padded prompt width: prompts are right-padded to a multiple of
+`prefill_bucket` (padded positions lie past every row's length: causal queries of real tokens
+never see them, and their cache slots are stale until overwritten), so `warmup` can pay every
+compile and capture before the first request. *Invariant* decoders compute a position the same
+way whatever the number of queries in its forward (batch-invariant matmul and attention plan).
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
+from torch.nn import functional as F
 
-from ..errors import require
+from ..errors import ConfigError, require
 from ..metrics import AggregateMetrics, GenerationResult, RequestMetrics
 from ..ngram import ngram_lookup
 from .attention import check_backend, resolve_backend
@@ -78,12 +87,20 @@ def compile_steps(enabled: bool = True) -> None:
 class FastDecoder:
     def __init__(self, target: TargetWeights, drafter: DraftWeights | None, batch: int,
                  max_len: int, device, max_block: int = 16, graphs: bool = True,
-                 attention: str = "auto", fuse_round: bool = False):
+                 attention: str = "auto", fuse_round: bool = False, prefill_bucket: int = 64,
+                 invariant: bool = False):
         device = torch.device(device)
         self.fuse_round = fuse_round  # one graph per round (draft + verify + accept) if unprofiled
+        require(prefill_bucket >= 0, "prefill_bucket",
+                f"must be >= 0 (0 = no padding of prompt widths), got {prefill_bucket}")
+        self.prefill_bucket = prefill_bucket
         attention = resolve_backend(attention, device)
+        if invariant and attention == "triton":
+            attention = "triton-invariant"
         check_backend(attention, device)
         self.attention = attention  # decode/verify/draft steps; prefill always uses SDPA
+        self.invariant = invariant
+        self.linear = _invariant_linear(device) if invariant else F.linear  # the LM head
         s = target.shape
         max_len = -(-max_len // 64) * 64  # aligned slots for the fused attention kernels
         dtype = target.embed.dtype
@@ -124,8 +141,7 @@ class FastDecoder:
         positions = self.tcache.lengths[:, None] + torch.arange(q, device=self.device)
         hn, feats = target_forward(self.target, self.tcache, self.trope, block, positions,
                                    positions + 1, self.layer_ids, self.attention)
-        self.target_ids[:, :q].copy_(torch.nn.functional.linear(hn, self.target.lm_head)
-                                     .argmax(-1))
+        self.target_ids[:, :q].copy_(self.linear(hn, self.target.lm_head).argmax(-1))
         if self.drafter is not None:
             context_write(self.drafter, self.dcache, self.drope, feats, positions)
 
@@ -153,6 +169,7 @@ class FastDecoder:
         require(need <= self.max_len, "max_new_tokens",
                 f"prompt ({width}) + max_new_tokens + block needs {need} slots; the runtime "
                 f"was built with {self.max_len}")
+        width = self.padded_width(width)
         ids = torch.zeros(b, width, dtype=torch.long)
         for i, p in enumerate(rows):
             ids[i, :len(p)] = torch.tensor(p)
@@ -162,7 +179,7 @@ class FastDecoder:
         hn, feats = target_forward(self.target, self.tcache, self.trope, ids, pos, pos + 1,
                                    self.layer_ids)  # SDPA: one long causal pass, not graphed
         last = hn.gather(1, (lens - 1)[:, None, None].expand(b, 1, hn.shape[-1]))[:, 0]
-        first = torch.nn.functional.linear(last, self.target.lm_head).argmax(-1)
+        first = self.linear(last, self.target.lm_head).argmax(-1)
         if self.drafter is not None:
             context_write(self.drafter, self.dcache, self.drope, feats, pos)
         self.tcache.reset(lens)
@@ -179,6 +196,40 @@ class FastDecoder:
         self.done.copy_(pad | hit | (self.out_len >= self.max_new))
         self.history.zero_()
         self.round_idx.zero_()
+
+    def padded_width(self, width: int) -> int:
+        """The prefill width of a batch whose longest prompt has `width` tokens."""
+        if not self.prefill_bucket:
+            return width
+        return min(-(-width // self.prefill_bucket) * self.prefill_bucket, self.max_len)
+
+    def prefill_widths(self) -> list[int]:
+        """Every padded width a prefill can have (with bucketing; [] without)."""
+        if not self.prefill_bucket:
+            return []
+        top = self.max_len - self.max_block - 1  # the longest prompt that fits (1 new token)
+        return sorted({self.padded_width(w) for w in range(1, top + 1)})
+
+    @torch.inference_mode()
+    def warmup(self, widths: list[int] | None = None) -> float:
+        """Pay every compile and capture before the first request (a server calls it once at
+        start): a prefill at each padded width (`prefill_widths`; or the prompt widths given)
+        and one round at each block length 1..max_block (drafter rounds with a drafter, host
+        drafts without one or with fused rounds): Triton and inductor compiles, dynamo's shape
+        specialisations, CUDA graphs. Outputs are unchanged (a prefill resets all state).
+        Returns seconds spent."""
+        t0 = time.perf_counter()
+        widths = self.prefill_widths() if widths is None else list(widths)
+        top = self.max_len - self.max_block - 1
+        for w in widths or [1]:
+            self.prefill([[0] * min(w, top)], 1)  # the padded width of min(w, top) is w
+        for q in range(1, self.max_block + 1):
+            if self.drafter is not None or q == 1:
+                self.round(q)
+            if q > 1 and (self.drafter is None or self.fuse_round):
+                self.round(q, [[0] * (q - 1)] * self.batch)
+        _sync(self.device)
+        return time.perf_counter() - t0
 
     # ---- one round ----
     def _round_steps(self, q: int) -> None:
@@ -215,6 +266,18 @@ class _HostEvent:
 
     def elapsed_time(self, end: _HostEvent) -> float:  # milliseconds, like CUDA events
         return (end.t - self.t) * 1e3
+
+
+def _invariant_linear(device: torch.device):
+    """`specdec_kernels.matmul.invariant_linear` (Triton: CUDA, or the interpreter on CPU)."""
+    require(device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1", "invariant",
+            f"needs a CUDA device (or TRITON_INTERPRET=1 on CPU) for its Triton matmul, got "
+            f"{device}")
+    try:
+        from specdec_kernels.matmul import invariant_linear
+    except ImportError as err:
+        raise ConfigError("invariant", f"needs Triton and `specdec_kernels`: {err}") from None
+    return invariant_linear
 
 
 def _event(device):
