@@ -87,3 +87,9 @@ def test_no_recompile_for_a_new_prompt_length_after_warmup(pair, monkeypatch, ba
         fast_loop.compile_steps(False)
         monkeypatch.undo()
         torch._dynamo.reset()
+
+
+def test_invariant_needs_cuda_or_the_interpreter(pair, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ConfigError, match="invariant: needs a CUDA device"):
+        build_decoder(pair[0], None, batch=1, max_len=16, graphs=False, invariant=True)

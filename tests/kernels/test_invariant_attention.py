@@ -48,3 +48,23 @@ def test_split_tokens_must_cover_the_prefix():
                                 block_n=16)
     a = ka.branch_attention(q, kc, kc, table, lens, num_splits=2, split_tokens=32, block_n=16)
     torch.testing.assert_close(a, ka.branch_attention(q, kc, kc, table, lens), **TOL)
+
+
+def test_invariant_decoder_is_token_identical(qwen3_target):
+    """FastDecoder(invariant=True): "triton" becomes "triton-invariant", the LM head runs through
+    specdec_kernels.matmul; greedy DFlash output equals plain greedy decoding (fp32)."""
+    import copy
+
+    from dflash_plugin.fast import build_decoder, fast_generate
+    from tests.conftest import fitted_drafter, greedy_reference
+
+    drafter = fitted_drafter(qwen3_target, num_layers=1, block_size=8).to(DEV)
+    target = copy.deepcopy(qwen3_target).to(DEV)
+    prompts = [[5, 17, 29, 41], [9, 8, 7, 6, 5, 4]]
+    dec = build_decoder(target, drafter, batch=2, max_len=64, graphs=False, attention="triton",
+                        invariant=True)
+    assert dec.attention == "triton-invariant"
+    res = fast_generate(dec, prompts, block_size=8, max_new_tokens=24)
+    assert res.tokens == greedy_reference(target, prompts, 24)
+    ar = fast_generate(dec, prompts, block_size=1, max_new_tokens=24, proposer="ar")
+    assert ar.tokens == res.tokens
