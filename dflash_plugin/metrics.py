@@ -42,6 +42,8 @@ class AggregateMetrics:
     verify_seconds: float = 0.0
     prefill_seconds: float = 0.0
     total_seconds: float = 0.0
+    # tree drafting only: nodes_verified, build_seconds, accepted_depths {depth: rounds}
+    tree: dict | None = None
 
     @property
     def rounds(self) -> int:
@@ -78,6 +80,8 @@ class AggregateMetrics:
             "verify_seconds": self.verify_seconds,
             "prefill_seconds": self.prefill_seconds,
             "total_seconds": self.total_seconds,
+            **({"tree": {**self.tree, "nodes_per_round": self.tree["nodes_verified"] / self.rounds
+                         if self.rounds else 0.0}} if self.tree is not None else {}),
             "tokens_per_second": self.new_tokens / self.total_seconds if self.total_seconds else 0,
             "requests": [
                 {"prompt_tokens": r.prompt_tokens, "new_tokens": r.new_tokens, "tau": r.tau,

@@ -52,6 +52,14 @@ class DFlashProposer:
         self.pending = (features, positions, valid)
 
     def propose(self, anchor_ids, anchor_pos, g, params, generator):
+        logits = self.draft_logits(anchor_ids, anchor_pos, g)  # [batch, g, vocab]
+        if params.greedy:
+            return logits.argmax(-1), None
+        q = sampling_probs(logits, params)
+        return sample_from(q, generator), q
+
+    def draft_logits(self, anchor_ids, anchor_pos, g):  # -> [batch, g, vocab]
+        """One drafter forward over [anchor, g masks]: its logits at block positions 1..g."""
         b = anchor_ids.shape[0]
         block = torch.cat([anchor_ids[:, None], anchor_ids.new_full((b, g), self.mask_id)], 1)
         positions = anchor_pos[:, None] + torch.arange(g + 1, device=anchor_ids.device)
@@ -62,11 +70,7 @@ class DFlashProposer:
         self.pending = (None, None, None)
         self.cache.compact()
         head_dtype = self.runner.model.get_output_embeddings().weight.dtype
-        logits = self.runner.lm_head(hidden[:, 1:].to(head_dtype))  # [batch, g, vocab]
-        if params.greedy:
-            return logits.argmax(-1), None
-        q = sampling_probs(logits, params)
-        return sample_from(q, generator), q
+        return self.runner.lm_head(hidden[:, 1:].to(head_dtype))
 
     def observe(self, ids, features, positions, keep):
         self.pending = (features, positions, keep)

@@ -42,10 +42,11 @@ class TargetRunner:
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., vocab]
         return self.model.get_output_embeddings()(hidden)
 
-    def _forward(self, ids, positions, new_valid):
+    def _forward(self, ids, positions, new_valid, attention_mask=None):
         mask = new_valid if self.valid is None else torch.cat([self.valid, new_valid], dim=1)
         out = self.model(
-            input_ids=ids, position_ids=positions, attention_mask=mask.to(torch.long),
+            input_ids=ids, position_ids=positions,
+            attention_mask=mask.to(torch.long) if attention_mask is None else attention_mask,
             past_key_values=self.cache, use_cache=True,
             output_hidden_states=bool(self.layer_ids),
         )
@@ -69,6 +70,22 @@ class TargetRunner:
         positions: torch.Tensor,  # [batch, block]
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # logits [batch, block, vocab], features
         return self._forward(ids, positions, torch.ones_like(ids, dtype=torch.bool))
+
+    def verify_tree(
+        self,
+        ids: torch.Tensor,  # [batch, n + 1] anchor, then the tree's nodes
+        positions: torch.Tensor,  # [batch, n + 1] anchor position + depth
+        visible: torch.Tensor,  # [batch, n + 1, n + 1] bool: ancestor-or-self (`tree.tree_mask`)
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # logits [batch, n + 1, vocab], features
+        """One forward over a token tree: each node sees the committed cache and its ancestors
+        (a 4D additive mask, which Hugging Face models take as given)."""
+        b, q = ids.shape
+        past = self.valid[:, None, :].expand(b, q, self.valid.shape[1])
+        sees = torch.cat([past, visible], dim=-1)[:, None]  # [batch, 1, n + 1, slots + n + 1]
+        dtype = self.model.get_input_embeddings().weight.dtype
+        mask = torch.zeros(sees.shape, dtype=dtype, device=ids.device)
+        mask.masked_fill_(~sees, torch.finfo(dtype).min)
+        return self._forward(ids, positions, torch.ones_like(ids, dtype=torch.bool), mask)
 
     def commit(self, keep: torch.Tensor) -> None:  # [batch, block] bool: slots to keep
         """Keep the accepted slots of the last verified block, drop the rest."""
