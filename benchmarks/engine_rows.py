@@ -47,6 +47,9 @@ class EngineSpec:
     load_format: str | None = None  # "dummy": random target weights, no files read
     draft_load_format: str | None = None  # drafter's own; None = the target's load_format
     prefill_graphs: bool = True  # SGLang: False = no prefill CUDA graphs (decode graphs stay)
+    dllm_algorithm: str | None = None  # SGLang --dllm-algorithm (a diffusion LM target)
+    dllm_config: str | None = None  # SGLang --dllm-algorithm-config (YAML file)
+    graph_max_bs: int | None = None  # SGLang 0.5.16 cuda_graph_max_bs_decode (sequences)
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,10 @@ class SGLangRunner:
             kw["mem_fraction_static"] = spec.gpu_memory_utilization
         if spec.load_format:
             kw["load_format"] = spec.load_format
+        if spec.dllm_algorithm:
+            kw.update(dllm_algorithm=spec.dllm_algorithm, dllm_algorithm_config=spec.dllm_config)
+        if spec.graph_max_bs is not None and not spec.enforce_eager:
+            kw["cuda_graph_max_bs_decode"] = spec.graph_max_bs
         if spec.draft:
             kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=spec.draft,
                       speculative_num_draft_tokens=spec.num_spec_tokens + 1)
