@@ -22,6 +22,7 @@ from .generate import speculative_generate
 from .loading import DTYPES, load_target
 from .proposers import DFlashProposer
 from .sampling import SamplingParams
+from .tree_generate import tree_generate
 
 
 def stop_ids(model, tok) -> tuple[int, ...]:
@@ -51,9 +52,18 @@ def cmd_generate(args) -> int:
     prompt_ids = tok(args.prompt).input_ids
     require(len(prompt_ids) > 0, "--prompt", "is empty")
     stops = () if args.ignore_eos else stop_ids(model, tok)
-    res = speculative_generate(model, DFlashProposer(drafter), [prompt_ids], block_size=block,
-                               max_new_tokens=args.max_new_tokens, params=params,
-                               stop_token_ids=stops, fast=False if args.reference else None)
+    require(args.tree_budget >= 0, "--tree-budget", f"must be >= 0 (0 = linear drafting), got "
+            f"{args.tree_budget}")
+    if args.tree_budget:  # the reference runtime's tree loop (no fast path yet)
+        res = tree_generate(model, DFlashProposer(drafter), [prompt_ids],
+                            tree_budget=args.tree_budget, tree_topk=args.tree_topk,
+                            block_size=block, max_new_tokens=args.max_new_tokens, params=params,
+                            stop_token_ids=stops)
+    else:
+        res = speculative_generate(model, DFlashProposer(drafter), [prompt_ids],
+                                   block_size=block, max_new_tokens=args.max_new_tokens,
+                                   params=params, stop_token_ids=stops,
+                                   fast=False if args.reference else None)
     tokens = res.tokens[0]
     report = {"completion": tok.decode(tokens), "block_size": block, **res.metrics.to_dict()}
     if args.baseline:
@@ -117,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--baseline", action="store_true",
                    help="also run plain decoding and report its speed and token identity")
     g.add_argument("--json", action="store_true")
+    g.add_argument("--tree-budget", type=int, default=0,
+                   help="tree drafting: draft nodes verified per round (0 = a linear draft)")
+    g.add_argument("--tree-topk", type=int, default=4, help="tree drafting: candidates per depth")
     g.add_argument("--reference", action="store_true",
                    help="force the reference loop (default on CUDA: the fast graph runtime)")
     g.set_defaults(func=cmd_generate)

@@ -35,6 +35,19 @@ def test_generate_json_is_lossless(drafter_dir, capsys):
     assert report["completion"] == tok.decode(ref[0, ids.shape[1]:])
 
 
+def test_generate_tree_json_is_lossless(capsys):
+    """--tree-budget with the bundled trained drafter: token-identical, tau and tree metrics."""
+    draft = ROOT / "examples" / "fixtures" / "code-target-dflash-b16"
+    assert main(["generate", "--target", str(TARGET), "--draft", str(draft), "--prompt",
+                 "def fibonacci(n):", "--max-new-tokens", "48", "--json", "--baseline",
+                 "--tree-budget", "32", "--tree-topk", "4"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["baseline"]["token_identical"] is True
+    assert report["tau"] > 1.0
+    assert report["tree"]["nodes_per_round"] == 32.0
+    assert sum(report["tree"]["accepted_depths"].values()) == report["rounds"]
+
+
 def test_generate_text_output_and_sampling(drafter_dir, capsys):
     prompt = "import numpy as np"
     args = ["generate", "--target", str(TARGET), "--draft", str(drafter_dir),
@@ -58,6 +71,8 @@ def test_generate_text_output_and_sampling(drafter_dir, capsys):
     (["--top-p", "0"], "top_p"),
     (["--block-size", "1"], "block_size"),
     (["--prompt", ""], "--prompt"),
+    (["--tree-budget", "-1"], "--tree-budget"),
+    (["--tree-budget", "8", "--tree-topk", "0"], "tree_topk"),
 ])
 def test_generate_bad_input(drafter_dir, capsys, args, message):
     base = ["generate", "--target", str(TARGET), "--draft", str(drafter_dir),
