@@ -1,6 +1,6 @@
 """What the benchmark entry points share: repo paths and fixture defaults, prompt files, the run
 record every results file carries (date, machine, device, versions, commit, command), JSON
-writing and timing.
+writing and timing, and two helpers of the side-by-side scripts (`attempt`, `agreement`).
 
 Entry points run as `python benchmarks/NAME.py`, so this folder is on `sys.path` and they import
 this module as `common`; `checkout_first()` puts the repo root before any installed copy of the
@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -159,3 +160,33 @@ def graph_ms(fn, dev, iters: int):
     end.record()
     end.synchronize()
     return round(start.elapsed_time(end) / iters, 4), out
+
+
+def attempt(results: dict, name: str, fn):
+    """Run one part of a benchmark; on error record it in results["errors"], print it and go
+    on. Writes results["partial_path"] (when set) after every part, so a run cut short by a
+    time limit keeps what it finished."""
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+        print(f"[ok] {name} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        return out
+    except Exception as err:  # noqa: BLE001 - a benchmark row must not stop the others
+        print(f"[error] {name}: {err!r}", flush=True)
+        traceback.print_exc()
+        results["errors"][name] = repr(err)
+        return None
+    finally:
+        if results.get("partial_path"):
+            write_json(results["partial_path"], results)
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
+    """Token identity of two runs over the same prompts: identical requests (of how many) and
+    the mean share of each request's tokens before the first difference."""
+    same = sum(x == y for x, y in zip(a, b))
+    pref = []
+    for x, y in zip(a, b):
+        k = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+        pref.append(k / max(len(x), 1))
+    return {"identical": same, "of": len(a), "prefix_share": round(sum(pref) / len(pref), 4)}

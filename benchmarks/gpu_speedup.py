@@ -1,16 +1,23 @@
 """DFlash wall-clock speedup on one GPU, every row side by side on the same prompts.
 
-    python benchmarks/gpu_speedup.py --out out/gpu-speedup --compile --slow-limit 4   # H200, ~3 min
-    python benchmarks/gpu_speedup.py --out out/gpu-quick --quick      # smoke run
+    python benchmarks/gpu_speedup.py --out out/gpu-speedup --compile --slow-limit 4   # H200, all
+    python benchmarks/gpu_speedup.py --out out/gpu-cwi --compile --rows cold,warm,identity
     python benchmarks/gpu_speedup.py --plot out/gpu-speedup/results.json   # re-draw speedup.png
 (--attention sdpa|triton picks our runtime's attention; default auto = Triton on CUDA.)
-Rows (greedy, EOS ignored so every request makes exactly --max-new-tokens tokens, bf16):
-HF `generate`; plain AR, prompt lookup and DFlash (B = 8, 16) in our fast runtime (static caches
-+ CUDA graphs) at batch 1/4/16/32; the z-lab `dflash` package loop (PyPI dflash 0.1.0) on the same
-target + drafter. Plus: fp32 token identity of the fast path vs the reference loop and HF, bf16
-agreement rates, per-round overhead vs isolated graph timings, and the Qwen3-8B-shape projection.
-Every part runs in its own try/except. Writes DIR/results.json, DIR/table.md, DIR/speedup.png
-(matplotlib when installed, else Pillow).
+Rows (greedy, EOS ignored so every request makes exactly --max-new-tokens tokens, bf16), by
+--rows group: `batches`: plain AR, prompt lookup and DFlash (B = 8, 16) in our fast runtime
+(static caches + CUDA graphs) at batch 1/4/16/32; `slow`: HF `generate` and the z-lab `dflash`
+loop (PyPI dflash 0.1.0) at batch 1, ours re-timed on the same prompts; `warm`: batch-1 AR vs
+DFlash after one full untimed pass over the same prompts; `cold`: first-request latency in a
+fresh process with fresh Triton / inductor caches (AR and DFlash B = 16, batch 1), prompt
+bucketing off (--prefill-bucket 0, the old runtime) and on (after `FastDecoder.warmup()`);
+`identity`: bf16 token identity of DFlash / n-gram vs plain decoding in the same runtime, with
+the batch-invariant runtime (`invariant=True`) off and on; `fp32`: fp32 identity vs the
+reference loop, HF and z-lab; `overhead`: per-round overhead vs isolated graph timings; `8b`: the
+Qwen3-8B-shape projection. Every timed row runs after `FastDecoder.warmup()` over its shapes
+(all padded prompt widths, or exactly its prompts' widths with bucketing off; every block
+length). Every part runs in its own try/except. Writes DIR/results.json, DIR/table.md,
+DIR/speedup.png (matplotlib when installed, else Pillow).
 """
 
 from __future__ import annotations
@@ -20,16 +27,16 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
-from common import FIXTURES, checkout_first, read_prompts, run_info, write_json
+from common import FIXTURES, agreement, attempt, checkout_first, read_prompts, run_info, write_json
 
 checkout_first()
 
+from fast_rows import run_cold, run_ours, warm_up  # noqa: E402
 from gpu_projection import accept_times, project_8b, step_times  # noqa: E402
-from speedup_plot import plot  # noqa: E402
+from speedup_plot import markdown, plot  # noqa: E402
 
 from dflash_plugin.checkpoint import load_drafter  # noqa: E402
 from dflash_plugin.fast import build_decoder, fast_generate  # noqa: E402
@@ -39,73 +46,13 @@ from dflash_plugin.loading import load_target  # noqa: E402
 from dflash_plugin.proposers import DFlashProposer  # noqa: E402
 
 FIX = FIXTURES
-
-
-def attempt(results: dict, name: str, fn):
-    """Run one part; on error record and print it, and go on."""
-    t0 = time.perf_counter()
-    try:
-        out = fn()
-        print(f"[ok] {name} ({time.perf_counter() - t0:.1f} s)", flush=True)
-        return out
-    except Exception as err:  # noqa: BLE001 - a benchmark row must not stop the others
-        print(f"[error] {name}: {err!r}", flush=True)
-        traceback.print_exc()
-        results["errors"][name] = repr(err)
-        return None
-    finally:  # keep what is done if a later part hangs past the caller's time limit
-        if results.get("partial_path"):
-            write_json(results["partial_path"], results)
-
-
+GROUPS = ("batches", "slow", "warm", "cold", "identity", "fp32", "overhead", "8b")
 DEVICE = "cuda"
 
 
 def sync():
     if DEVICE == "cuda":
         torch.cuda.synchronize()
-
-
-def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
-    """Share of identical requests and mean common-prefix share."""
-    same = sum(x == y for x, y in zip(a, b))
-    pref = []
-    for x, y in zip(a, b):
-        k = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
-        pref.append(k / max(len(x), 1))
-    return {"identical": same, "of": len(a), "prefix_share": round(sum(pref) / len(pref), 4)}
-
-
-def run_ours(dec, prompts, batch, block, proposer, max_new, profile=False) -> dict:
-    """All prompts in chunks of `batch`; end-to-end seconds include prefill."""
-    toks, reqs, secs, pre = [], [], [], 0.0
-    draft_s = verify_s = 0.0
-    for i in range(0, len(prompts), batch):
-        chunk = prompts[i:i + batch]
-        sync()
-        t0 = time.perf_counter()
-        res = fast_generate(dec, chunk, block_size=block, max_new_tokens=max_new,
-                            proposer=proposer, profile=profile)
-        sync()
-        secs.append(time.perf_counter() - t0)
-        pre += res.metrics.prefill_seconds
-        draft_s += res.metrics.draft_seconds
-        verify_s += res.metrics.verify_seconds
-        toks += res.tokens
-        reqs += res.metrics.requests
-    total, new = sum(secs), sum(r.new_tokens for r in reqs)
-    rounds = sum(r.rounds for r in reqs) if batch == 1 else None
-    out = {"tokens": toks, "seconds": total, "chunk_seconds": secs, "prefill_seconds": pre,
-           "new_tokens": new, "tokens_per_second": new / total,
-           "tau": sum(sum(r.round_tokens) for r in reqs) / max(sum(r.rounds for r in reqs), 1),
-           "tau_per_prompt": [round(r.tau, 3) for r in reqs],
-           "rounds_per_request": [r.rounds for r in reqs]}
-    if rounds:
-        out["round_ms"] = (total - pre) / rounds * 1e3
-    if profile:
-        out["split_seconds"] = {"draft": draft_s, "verify": verify_s, "prefill": pre,
-                                "overhead": total - pre - draft_s - verify_s}
-    return out
 
 
 def zlab_module():
@@ -149,18 +96,30 @@ def main() -> None:
     p.add_argument("--block-sizes", type=int, nargs="+", default=[8, 16])
     p.add_argument("--quick", action="store_true", help="8 prompts, 2 slow, batches 1 4, 128 tok")
     p.add_argument("--skip-8b", action="store_true")
+    p.add_argument("--rows", default="all",
+                   help=f"comma-separated groups of {','.join(GROUPS)} (default all)")
     p.add_argument("--device", default="cuda", help="cpu: a slow fp32 smoke test of the script")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile our elementwise ops and the acceptance step "
                    "(fast.loop.compile_steps)")
     p.add_argument("--attention", default="auto", choices=["auto", "sdpa", "triton"],
                    help="attention backend of our runtime's steps (fast/attention.py)")
+    p.add_argument("--prefill-bucket", type=int, default=64,
+                   help="pad prompts to a multiple of this (0 = off, the old runtime)")
+    p.add_argument("--invariant", action="store_true",
+                   help="timed rows use the batch-invariant runtime (identity rows run both)")
+    p.add_argument("--cold-prompts", type=int, default=4,
+                   help="never-seen prompt lengths timed per cold row")
+    p.add_argument("--cold-timeout", type=int, default=400, help="seconds per cold process")
     args = p.parse_args()
     if args.plot:
         print(plot(args.plot, Path(args.plot).with_name("speedup.png")))
         return
     if not args.out:
         p.error("--out is required")
+    groups = set(GROUPS) if args.rows == "all" else set(args.rows.split(","))
+    if groups - set(GROUPS):
+        p.error(f"--rows: unknown {sorted(groups - set(GROUPS))}; groups: {GROUPS}")
     if args.compile:
         compile_steps()
     global DEVICE
@@ -171,7 +130,7 @@ def main() -> None:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     R = {"run": run_info(DEVICE), "dtype": str(dtype), "args": vars(args),
-         "rows": [], "checks": {}, "errors": {},
+         "rows": [], "checks": {}, "errors": {}, "warmup_seconds": {},
          "partial_path": str(out_dir / "results.partial.json")}
     t_start = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -183,6 +142,7 @@ def main() -> None:
     width = max(len(x) for x in prompts)
     max_len = width + N + 16
     outputs: dict[str, list[list[int]]] = {}
+    warmed: dict = {}
 
     def add_row(name, batch, block, r, n_prompts):
         row = {"row": name, "batch": batch, "block": block, "prompts": n_prompts,
@@ -193,35 +153,94 @@ def main() -> None:
 
     decs = {}
 
-    def decoder(kind, batch):
-        key = (kind, batch)
+    def decoder(kind, batch, invariant=args.invariant):
+        key = (kind, batch, invariant)
         if key not in decs:
             decs[key] = build_decoder(model, drafter if kind == "dflash" else None, batch=batch,
-                                      max_len=max_len, max_block=16, attention=args.attention)
+                                      max_len=max_len, max_block=16, attention=args.attention,
+                                      prefill_bucket=args.prefill_bucket, invariant=invariant)
         return decs[key]
 
+    def ready(kind, batch, ps, invariant=args.invariant):
+        """The decoder, warmed up over every shape of a pass over `ps` in chunks of `batch`."""
+        dec = decoder(kind, batch, invariant)
+        s = warm_up(dec, ps, batch, warmed)
+        R["warmup_seconds"][f"{kind} b{batch}{' invariant' if invariant else ''}"] = s
+        return dec
+
+    # --- cold: first-request latency, fresh processes, bucketing off (before) and on (after) ---
+    def cold():
+        R["cold"] = []
+        for prop, block in (("ar", 1), ("dflash", 16)):
+            for bucket in (0, args.prefill_bucket or 64):
+                cfg = {"device": DEVICE, "compile": args.compile, "target": args.target,
+                       "drafter": args.drafter, "prompts": args.prompts, "limit": args.limit,
+                       "proposer": prop, "block": block, "max_new": N, "max_len": max_len,
+                       "attention": args.attention, "bucket": bucket,
+                       "invariant": args.invariant, "new_prompts": args.cold_prompts}
+                name = "AR" if prop == "ar" else f"DFlash B{block}"
+                try:
+                    c = {"name": name, "proposer": prop, "bucket": bucket,
+                         **run_cold(cfg, args.cold_timeout)}
+                except Exception as err:  # noqa: BLE001 - keep the other cold rows
+                    c = {"name": name, "proposer": prop, "bucket": bucket, "error": repr(err)}
+                R["cold"].append(c)
+                print(f"  cold {name} bucket={bucket}: " + json.dumps(
+                    {k: (round(v, 3) if isinstance(v, float) else v) for k, v in c.items()}),
+                    flush=True)
+    if "cold" in groups:
+        attempt(R, "cold first-request latency", cold)
+
+    # --- warm: batch 1, AR vs DFlash after a full untimed pass over the same prompts ---
+    def warm():
+        for kind, block, prop in [("plain", 1, "ar")] + [("dflash", b, "dflash")
+                                                        for b in args.block_sizes]:
+            dec = ready(kind, 1, prompts)
+            run_ours(dec, prompts, 1, block, prop, N)  # the full pass: every shape seen
+            r = run_ours(dec, prompts, 1, block, prop, N)
+            add_row(f"ours {'AR' if prop == 'ar' else 'DFlash'} (warm)", 1, block, r,
+                    len(prompts))
+    if "warm" in groups:
+        attempt(R, "warm batch 1", warm)
+
+    # --- bf16 identity with plain decoding, batch-invariant runtime off and on ---
+    def identity():
+        res = R["checks"]["bf16_identity"] = {}
+        for inv in (False, True):
+            name = f"invariant {'on' if inv else 'off'}"
+            if inv and DEVICE != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+                res[name] = {"skipped": "needs CUDA"}
+                continue
+            dec = ready("dflash", 1, prompts, inv)
+            runs = {"ar": run_ours(dec, prompts, 1, 1, "ar", N)}
+            for b in args.block_sizes:
+                runs[f"dflash B{b}"] = run_ours(dec, prompts, 1, b, "dflash", N)
+            runs[f"ngram B{max(args.block_sizes)}"] = run_ours(
+                dec, prompts, 1, max(args.block_sizes), "ngram", N)
+            res[name] = {f"{k} vs ar": agreement(r["tokens"], runs["ar"]["tokens"])
+                         for k, r in runs.items() if k != "ar"}
+            res[name]["tokens_per_second"] = {k: round(r["tokens_per_second"], 1)
+                                              for k, r in runs.items()}
+            print(f"  identity {name}: {res[name]}", flush=True)
+    if "identity" in groups:
+        attempt(R, "bf16 identity", identity)
+
     # --- our runtime: AR, n-gram, DFlash at every batch size ---
-    for batch in args.batches:
+    for batch in args.batches if "batches" in groups else []:
         def ar(batch=batch):
-            dec = decoder("plain", batch)
-            run_ours(dec, prompts[:batch], batch, 1, "ar", 8)  # warm-up + graph capture
-            r = run_ours(dec, prompts, batch, 1, "ar", N)
+            r = run_ours(ready("plain", batch, prompts), prompts, batch, 1, "ar", N)
             outputs[f"ar-b{batch}"] = r["tokens"]
             add_row("ours AR", batch, 1, r, len(prompts))
         attempt(R, f"ours AR b{batch}", ar)
         for block in args.block_sizes:
             def ng(batch=batch, block=block):
-                dec = decoder("plain", batch)
-                run_ours(dec, prompts[:batch], batch, block, "ngram", N)  # graph capture
-                r = run_ours(dec, prompts, batch, block, "ngram", N)
+                r = run_ours(ready("plain", batch, prompts), prompts, batch, block, "ngram", N)
                 outputs[f"ngram-B{block}-b{batch}"] = r["tokens"]
                 add_row("ours n-gram (host lookup)", batch, block, r, len(prompts))
             attempt(R, f"ours n-gram B{block} b{batch}", ng)
 
             def df(batch=batch, block=block):
-                dec = decoder("dflash", batch)
-                run_ours(dec, prompts[:batch], batch, block, "dflash", 2 * block)  # capture
-                run_ours(dec, prompts[:batch], batch, block, "dflash", N)  # captures small q
+                dec = ready("dflash", batch, prompts)
                 r = run_ours(dec, prompts, batch, block, "dflash", N)
                 prof = run_ours(dec, prompts, batch, block, "dflash", N, profile=True)
                 r["split_seconds"] = prof["split_seconds"]
@@ -247,7 +266,8 @@ def main() -> None:
         add_row("HF generate", 1, 1, {"seconds": sum(secs), "new_tokens": N * len(slow),
                                       "tokens_per_second": N * len(slow) / sum(secs),
                                       "tau": 1.0}, len(slow))
-    attempt(R, "HF generate b1", hf)
+    if "slow" in groups:
+        attempt(R, "HF generate b1", hf)
 
     def zlab_rows():
         zl = zlab_module()
@@ -272,16 +292,18 @@ def main() -> None:
                 "tokens_per_second": sum(map(len, toks)) / sum(secs),
                 "tau": sum(map(sum, lens)) / rounds, "round_ms": sum(secs) / rounds * 1e3,
                 "tau_per_prompt": [round(sum(x) / len(x), 3) for x in lens]}, len(slow))
-    attempt(R, "z-lab dflash b1", zlab_rows)
+    if "slow" in groups:
+        attempt(R, "z-lab dflash b1", zlab_rows)
 
     def ours_on_slow():
         for kind, block, prop in [("plain", 1, "ar")] + [("dflash", b, "dflash")
                                                         for b in args.block_sizes]:
-            r = run_ours(decoder(kind, 1), slow, 1, block, prop, N)
+            r = run_ours(ready(kind, 1, slow), slow, 1, block, prop, N)
             outputs[f"slow-{prop}-B{block}"] = r["tokens"]
             add_row(f"ours {'AR' if prop == 'ar' else 'DFlash'} (slow-row prompts)", 1, block,
                     r, len(slow))
-    attempt(R, "ours on the HF/z-lab prompts", ours_on_slow)
+    if "slow" in groups:
+        attempt(R, "ours on the HF/z-lab prompts", ours_on_slow)
 
     # --- agreement (bf16) ---
     def agree():
@@ -327,7 +349,8 @@ def main() -> None:
         except Exception as err:  # noqa: BLE001
             c["zlab_error"] = repr(err)
         print("  fp32:", c)
-    attempt(R, "fp32 identity", fp32)
+    if "fp32" in groups:
+        attempt(R, "fp32 identity", fp32)
 
     # --- per-round overhead at batch 1 vs isolated graph timings of the same steps ---
     def overhead():
@@ -349,7 +372,8 @@ def main() -> None:
                               "measured_over_projected": sp / proj,
                               **accept_times(decoder("dflash", 1), block)}
             print(f"  B{block}: {o[f'B{block}']}")
-    attempt(R, "round overhead", overhead)
+    if "overhead" in groups and "batches" in groups:
+        attempt(R, "round overhead", overhead)
 
     # --- Qwen3-8B-shape projection (random weights) ---
     def proj():
@@ -359,7 +383,7 @@ def main() -> None:
         R["projection_8b"] = project_8b(taus or {"dflash B16": 3.0}, attention=args.attention)
         print("  8B:", json.dumps(R["projection_8b"]["projection"]),
               R["projection_8b"]["verify_ms"], R["projection_8b"]["draft_ms"])
-    if not args.skip_8b and DEVICE == "cuda":
+    if not args.skip_8b and DEVICE == "cuda" and "8b" in groups:
         attempt(R, "8B projection", proj)
 
     R["wall_seconds"] = time.perf_counter() - t_start
@@ -371,25 +395,6 @@ def main() -> None:
     write_json(out_dir / "results.json", R)
     print(f"wrote {out_dir} in {R['wall_seconds']:.0f} s; errors: {list(R['errors'])}")
 
-
-def markdown(R: dict) -> str:
-    base = {r["batch"]: r["tokens_per_second"] for r in R["rows"] if r["row"] == "ours AR"}
-    slow_base = next((r["tokens_per_second"] for r in R["rows"]
-                      if r["row"].startswith("ours AR (slow")), None)
-    lines = ["| row | batch | B | prompts | tok/s | tau | speedup vs our AR | draft / verify / "
-             "overhead (s) |", "|---|---|---|---|---|---|---|---|"]
-    for r in R["rows"]:
-        ref = slow_base if r["prompts"] != R["args"]["limit"] or "slow" in r["row"] else \
-            base.get(r["batch"])
-        sp = f"{r['tokens_per_second'] / ref:.2f}" if ref else "-"
-        s = r.get("split_seconds")
-        split = f"{s['draft']:.3f} / {s['verify']:.3f} / {s['overhead']:.3f}" if s else "-"
-        lines.append(f"| {r['row']} | {r['batch']} | {r['block']} | {r['prompts']} | "
-                     f"{r['tokens_per_second']:.1f} | {r.get('tau', 1.0):.3f} | {sp} | {split} |")
-    return "\n".join(lines) + "\n"
-
-
-# --- the plot: speedup over our AR vs batch size, and tau per prompt at batch 1 ---
 
 if __name__ == "__main__":
     main()

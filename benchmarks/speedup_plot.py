@@ -1,5 +1,6 @@
-"""The speed-up plot of `gpu_speedup.py` (tokens/s per batch size, tau per row) from its
-results.json: matplotlib where it is importable, else a plain PIL drawing.
+"""The report of `gpu_speedup.py` from its results.json: the markdown table (`markdown`: timed
+rows, cold first-request latency, bf16 identity) and the speed-up plot (tokens/s per batch size,
+tau per row; matplotlib where it is importable, else a plain PIL drawing).
 
     python benchmarks/gpu_speedup.py --plot DIR/results.json    # writes DIR/speedup.png
 """
@@ -90,6 +91,55 @@ def _plot_pil(speed, taus, png):
     panel(W // 2 + M + 10, "tau per prompt at batch 1 (sorted)",
           {k: list(enumerate(v)) for k, v in taus.items()}, False)
     img.save(png)
+
+
+def _baseline(R: dict, r: dict):
+    """The AR row a row's speedup is measured against: the same group (warm / slow-row
+    prompts / a batch size)."""
+    for tag in ("(warm)", "(slow"):
+        if tag in r["row"]:
+            return next((a["tokens_per_second"] for a in R["rows"]
+                         if a["row"].startswith("ours AR") and tag in a["row"]), None)
+    return next((a["tokens_per_second"] for a in R["rows"]
+                 if a["row"] == "ours AR" and a["batch"] == r["batch"]), None)
+
+
+def markdown(R: dict) -> str:
+    lines = ["| row | batch | B | prompts | tok/s | tau | speedup vs our AR | draft / verify / "
+             "overhead (s) |", "|---|---|---|---|---|---|---|---|"]
+    for r in R["rows"]:
+        ref = _baseline(R, r)
+        sp = f"{r['tokens_per_second'] / ref:.2f}" if ref else "-"
+        s = r.get("split_seconds")
+        split = f"{s['draft']:.3f} / {s['verify']:.3f} / {s['overhead']:.3f}" if s else "-"
+        lines.append(f"| {r['row']} | {r['batch']} | {r['block']} | {r['prompts']} | "
+                     f"{r['tokens_per_second']:.1f} | {r.get('tau', 1.0):.3f} | {sp} | {split} |")
+    if R.get("cold"):
+        lines += ["", "Cold (batch 1, fresh process and compile caches): seconds per request",
+                  "", "| proposer | prefill_bucket | startup warmup() | first request | "
+                  "new prompt length (median) | same prompts again (median) |",
+                  "|---|---|---|---|---|---|"]
+        for c in R["cold"]:
+            if "error" in c:
+                lines.append(f"| {c['proposer']} | {c['bucket']} | error: {c['error'][:80]} "
+                             "| | | |")
+                continue
+            med = [f"{c[k]:.3f}" if c[k] is not None else "-"
+                   for k in ("new_length_median_s", "repeat_median_s")]
+            lines.append(f"| {c['name']} | {c['bucket']} | {c['startup_s']:.2f} | "
+                         f"{c['first_request_s']:.3f} | {med[0]} | {med[1]} |")
+    ident = R.get("checks", {}).get("bf16_identity")
+    if ident:
+        keys = sorted({k for v in ident.values() if isinstance(v, dict) for k in v
+                       if k.endswith(" vs ar")})
+        lines += ["", "Identity with plain decoding (same runtime, batch 1): identical / prompts",
+                  "", "| invariant | " + " | ".join(keys) + " |",
+                  "|---|" + "---|" * len(keys)]
+        for name, v in ident.items():
+            cells = [f"{v[k]['identical']} / {v[k]['of']}" if k in v else
+                     str(v.get("skipped", "-")) for k in keys]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def plot(results_json, png) -> Path:
