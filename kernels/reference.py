@@ -192,3 +192,14 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     w,  # [N, K] float
     returns [..., N] (x.dtype)."""
     return (x.double() @ w.double().T).to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Reference of specdec_kernels.norm.invariant_rms_norm (HF Qwen3RMSNorm).
+
+    x,  # [..., D] float
+    weight,  # [D] or [heads, D] (broadcast over x [..., heads, D])
+    returns x's shape and dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)

@@ -1,5 +1,5 @@
-"""Ahead-of-time compile of the batch-invariant linear kernel for sm_90 (see test_compile.py:
-what the interpreter accepts but the compiler rejects), at the GPU tile config."""
+"""Ahead-of-time compile of the batch-invariant linear and RMSNorm kernels for sm_90 (see
+test_compile.py: what the interpreter accepts but the compiler rejects), at the GPU config."""
 
 import pytest
 
@@ -22,3 +22,11 @@ def test_linear_kernel_compiles(dtype):
                      dict(PREC="ieee" if dtype == "fp32" else "tf32", UPCAST=False, BM=bm, BN=bn,
                           BK=bk))
     assert k.metadata.shared <= 228 * 1024
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_rms_norm_kernel_compiles(dtype):
+    from specdec_kernels import norm
+    p = f"*{dtype}"
+    compile_sm90(norm._rms_norm_kernel, {"x_ptr": p, "w_ptr": p, "y_ptr": p, "eps": "fp32"},
+                 dict(BLOCK=512))
