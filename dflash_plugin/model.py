@@ -10,60 +10,29 @@ and sees all context. The drafter has no embedding or LM head: both are the targ
 from __future__ import annotations
 
 import torch
+from specdec_kernels.qwen3 import LayerWeights, context_kv, decoder_layer, layer_weights
+from specdec_kernels.rope import rope_cos_sin
 from torch import nn
 from torch.nn import functional as F
 
 from .config import DFlashConfig
 from .draft_cache import DraftKVCache
-from .layers import RMSNorm, SwiGLU, rope_cos_sin, rope_op
+from .layers import RMSNorm, SwiGLU
 
 
 class DraftAttention(nn.Module):
+    """Parameters of one draft layer's attention (HF Qwen3 names)."""
+
     def __init__(self, cfg: DFlashConfig):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_attention_heads, cfg.num_key_value_heads, d)
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
+        heads, kv_heads, bias = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.attention_bias
+        self.q_proj = nn.Linear(h, heads * d, bias=bias)
+        self.k_proj = nn.Linear(h, kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(h, kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(heads * d, h, bias=bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
-
-    def project_kv(
-        self,
-        x: torch.Tensor,  # [batch, seq, hidden]
-        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin [batch, 1, seq, head_dim]
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # k, v [batch, kv_heads, seq, head_dim]
-        b, s, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return rope_op(k, *rope), v
-
-    def forward(
-        self,
-        x: torch.Tensor,  # [batch, block, hidden] (already input-normed)
-        rope: tuple[torch.Tensor, torch.Tensor],  # block cos/sin [batch, 1, block, head_dim]
-        ctx_k: torch.Tensor,  # [batch, kv_heads, ctx, head_dim]
-        ctx_v: torch.Tensor,
-        key_mask: torch.Tensor | None,  # [batch, 1, block, ctx + block] bool, True = visible
-    ) -> torch.Tensor:  # [batch, block, hidden]
-        b, s, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, s, self.num_heads, self.head_dim)).transpose(1, 2)
-        q = rope_op(q, *rope)
-        k_blk, v_blk = self.project_kv(x, rope)
-        k = torch.cat([ctx_k, k_blk], dim=2)
-        v = torch.cat([ctx_v, v_blk], dim=2)
-        gqa = self.num_heads != self.num_kv_heads
-        if gqa and key_mask is not None and q.is_cuda:
-            # CUDA's fused kernels take an arbitrary mask only without enable_gqa.
-            rep = self.num_heads // self.num_kv_heads
-            k, v, gqa = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), False
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
-                                             scale=self.head_dim ** -0.5, enable_gqa=gqa)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
 class DraftLayer(nn.Module):
@@ -73,6 +42,37 @@ class DraftLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+def project_context(
+    w: LayerWeights,
+    fused: torch.Tensor,  # [batch, ctx, hidden] fused target features
+    rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin [batch, ctx, 1, head_dim]
+) -> tuple[torch.Tensor, torch.Tensor]:  # k, v [batch, kv_heads, ctx, head_dim]
+    k, v = context_kv(w, fused, rope)
+    return k.transpose(1, 2), v.transpose(1, 2)
+
+
+def injected_attention(
+    ctx_k: torch.Tensor,  # [batch, kv_heads, ctx, head_dim] context K/V (KV injection)
+    ctx_v: torch.Tensor,
+    key_mask: torch.Tensor | None,  # [batch, 1, block, ctx + block] bool, True = visible
+):
+    """The drafter's `attend` hook: the block's queries over context K/V + the block's own."""
+    def attend(q, k, v):  # [batch, block, heads | kv_heads, head_dim]
+        q = q.transpose(1, 2)
+        k = torch.cat([ctx_k, k.transpose(1, 2)], dim=2)
+        v = torch.cat([ctx_v, v.transpose(1, 2)], dim=2)
+        heads, kv_heads, d = q.shape[1], k.shape[1], q.shape[-1]
+        gqa = heads != kv_heads
+        if gqa and key_mask is not None and q.is_cuda:
+            # CUDA's fused kernels take an arbitrary mask only without enable_gqa.
+            k, v, gqa = (k.repeat_interleave(heads // kv_heads, 1),
+                         v.repeat_interleave(heads // kv_heads, 1), False)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, scale=d ** -0.5,
+                                             enable_gqa=gqa)
+        return out.transpose(1, 2).flatten(2)  # [batch, block, heads * head_dim]
+    return attend
 
 
 class DFlashDraftModel(nn.Module):
@@ -90,8 +90,14 @@ class DFlashDraftModel(nn.Module):
         """[batch, ctx, n_layers * hidden] target features -> [batch, ctx, hidden]."""
         return self.hidden_norm(self.fc(features))
 
-    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
-        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):  # [batch, seq]
+        """cos, sin [batch, seq, 1, head_dim] (broadcast over heads)."""
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+        return cos[..., None, :], sin[..., None, :]
+
+    def layer_weights(self) -> list[LayerWeights]:
+        """Each layer's weights for `decoder_layer`, concatenated anew (differentiable)."""
+        return [layer_weights(m, fuse=False) for m in self.layers]
 
     def forward(
         self,
@@ -124,18 +130,16 @@ class DFlashDraftModel(nn.Module):
             key_mask = torch.cat([valid, valid.new_ones(b, s)], dim=1)[:, None, None, :]
             key_mask = key_mask.expand(b, 1, s, key_mask.shape[-1])
         h = block_embeds
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
+        for i, w in enumerate(self.layer_weights()):
             if context is not None:
-                ctx_k, ctx_v = attn.project_kv(fused, ctx_rope)
+                ctx_k, ctx_v = project_context(w, fused, ctx_rope)
                 if cache is not None:
                     ctx_k, ctx_v = cache.append(i, ctx_k, ctx_v)
             elif cache is not None and cache.keys[i] is not None:
                 ctx_k, ctx_v = cache.keys[i], cache.values[i]
             else:
-                ctx_k = ctx_v = h.new_zeros(b, attn.num_kv_heads, 0, attn.head_dim)
-            h = h + attn(layer.input_layernorm(h), block_rope, ctx_k, ctx_v, key_mask)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+                ctx_k = ctx_v = h.new_zeros(b, w.kv_heads, 0, w.head_dim)
+            h = decoder_layer(w, h, block_rope, injected_attention(ctx_k, ctx_v, key_mask))
         return self.norm(h)
 
     def forward_packed(
@@ -161,11 +165,9 @@ class DFlashDraftModel(nn.Module):
         key_mask = torch.cat([visible.reshape(b * a, 1, 1, L),
                               visible.new_ones(b * a, 1, 1, bs)], dim=-1)
         h = block_embeds.reshape(b * a, bs, hidden)
-        for layer in self.layers:
-            attn = layer.self_attn
-            ctx_k, ctx_v = attn.project_kv(fused, ctx_rope)  # [batch, kv_heads, L, head_dim]
+        for w in self.layer_weights():
+            ctx_k, ctx_v = project_context(w, fused, ctx_rope)  # [batch, kv_heads, L, head_dim]
             ctx_k = ctx_k[:, None].expand(b, a, *ctx_k.shape[1:]).reshape(b * a, *ctx_k.shape[1:])
             ctx_v = ctx_v[:, None].expand(b, a, *ctx_v.shape[1:]).reshape(b * a, *ctx_v.shape[1:])
-            h = h + attn(layer.input_layernorm(h), block_rope, ctx_k, ctx_v, key_mask)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = decoder_layer(w, h, block_rope, injected_attention(ctx_k, ctx_v, key_mask))
         return self.norm(h).reshape(b, s, hidden)

@@ -9,6 +9,7 @@ every forward writes its own slots before attending. So "crop" is moving `length
 from __future__ import annotations
 
 import torch
+from specdec_kernels.rope import rope_table  # noqa: F401  (the runtime's RoPE tables)
 
 
 class StaticKVCache:
@@ -42,17 +43,6 @@ class StaticKVCache:
         self.k[layer].scatter_(2, idx, k)
         self.v[layer].scatter_(2, idx, v)
 
-    def write_all(
-        self,
-        k: torch.Tensor,  # [layers, batch, kv_heads, q, head_dim]
-        v: torch.Tensor,
-        positions: torch.Tensor,  # [batch, q] long
-    ) -> None:
-        """`write` for every layer at once."""
-        idx = positions[None, :, None, :, None].expand(k.shape)
-        self.k.scatter_(3, idx, k)
-        self.v.scatter_(3, idx, v)
-
     def commit(self, produced: torch.Tensor) -> None:  # [batch] long: tokens committed per row
         self.lengths += produced
 
@@ -62,15 +52,3 @@ class StaticKVCache:
 
     def reset(self, lengths: torch.Tensor) -> None:  # [batch] long
         self.lengths.copy_(lengths)
-
-
-def rope_table(max_len: int, head_dim: int, theta: float, dtype: torch.dtype,
-               device) -> tuple[torch.Tensor, torch.Tensor]:  # [max_len, head_dim] each
-    """Default RoPE (rotate-half): cos and *signed* sin (first half negated, so rotate_half is a
-    roll), fp32 math then cast; the values of `layers.rope_cos_sin`."""
-    exponent = torch.arange(0, head_dim, 2, device=device, dtype=torch.int64).float()
-    inv_freq = 1.0 / (theta ** (exponent / head_dim))
-    freqs = torch.arange(max_len, device=device).float()[:, None] * inv_freq
-    emb = torch.cat([freqs, freqs], dim=-1)
-    sign = torch.cat([-torch.ones_like(freqs), torch.ones_like(freqs)], dim=-1)
-    return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)

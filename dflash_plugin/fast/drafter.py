@@ -1,10 +1,10 @@
-"""The DFlash drafter in the fast runtime: the same math as `model.DFlashDraftModel`, over a
-static context cache whose slot index is the token position.
+"""The DFlash drafter in the fast runtime: the same layers as `model.DFlashDraftModel`
+(`specdec_kernels.qwen3`), over a static context cache whose slot index is the token position.
 
 `context_write` projects target features of verified tokens into every draft layer's K/V cache
-(all at once: one fused K/V matmul for all layers). `draft_block` runs the block
-`[anchor, MASK x (q - 1)]`: its own K/V go to the slots right after the committed context (stale
-slots, overwritten by the next `context_write`), and it attends over context + block.
+(KV injection: `qwen3.context_kv`). `draft_block` runs the block `[anchor, MASK x (q - 1)]`: its
+own K/V go to the slots right after the committed context (stale slots, overwritten by the next
+`context_write`), and it attends over context + block.
 """
 
 from __future__ import annotations
@@ -12,19 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from specdec_kernels.qwen3 import LayerWeights, Ops, context_kv, decoder_layer, layer_weights
 from torch.nn import functional as F
 
 from .attention import plan
 from .cache import StaticKVCache
-from .qwen3 import (
-    LayerWeights,
-    Shape,
-    apply_rope,
-    layer_forward,
-    random_layer,
-    rms_norm,
-    rope_at,
-)
+from .qwen3 import Shape, cache_attend, random_layer, rms_norm, rope_at
 
 
 @dataclass
@@ -36,34 +29,22 @@ class DraftWeights:
     hidden_norm: torch.Tensor  # [hidden]
     norm: torch.Tensor  # [hidden]
     layers: list[LayerWeights]
-    w_ctx_kv: torch.Tensor  # [layers * 2 * kv_heads * head_dim, hidden]: every layer's k, v
-    k_norms: torch.Tensor  # [layers, 1, head_dim]
-
-
-def _ctx_parts(layers: list[LayerWeights], s: Shape) -> tuple[torch.Tensor, torch.Tensor]:
-    q_rows = s.heads * s.head_dim
-    kv = [lw.wqkv[q_rows:] for lw in layers]  # k rows then v rows of each layer
-    return torch.cat(kv), torch.stack([lw.k_norm for lw in layers])[:, None]
 
 
 def draft_weights(drafter, dtype: torch.dtype | None = None) -> DraftWeights:
-    """Read a `DFlashDraftModel` (weights copied once, fused)."""
-    from .qwen3 import layer_weights
-
+    """A `DFlashDraftModel`'s weights, fused once (in its dtype its parameters become views of
+    the fused tensors, as for the target)."""
     cfg = drafter.config
     dtype = dtype or drafter.fc.weight.dtype
     s = Shape(cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
               cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size,
               cfg.rms_norm_eps, cfg.rope_theta)
-    layers = [layer_weights(m.self_attn, m.mlp, m.input_layernorm, m.post_attention_layernorm,
-                            dtype) for m in drafter.layers]
-    w_ctx, k_norms = _ctx_parts(layers, s)
 
     def w(t):
         return t.detach().to(dtype)
     return DraftWeights(s, tuple(cfg.target_layer_ids), cfg.mask_token_id, w(drafter.fc.weight),
-                        w(drafter.hidden_norm.weight), w(drafter.norm.weight), layers, w_ctx,
-                        k_norms)
+                        w(drafter.hidden_norm.weight), w(drafter.norm.weight),
+                        [layer_weights(m, dtype) for m in drafter.layers])
 
 
 def random_drafter(s: Shape, target_hidden: int, layer_ids: tuple[int, ...], dtype, device,
@@ -71,11 +52,10 @@ def random_drafter(s: Shape, target_hidden: int, layer_ids: tuple[int, ...], dty
     """Random weights at a given shape (timing only)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     layers = [random_layer(s, dtype, device, gen) for _ in range(s.layers)]
-    w_ctx, k_norms = _ctx_parts(layers, s)
     fc = (torch.randn(s.hidden, len(layer_ids) * target_hidden, generator=gen, device=device)
           * 0.02).to(dtype)
     ones = torch.ones(s.hidden, dtype=dtype, device=device)
-    return DraftWeights(s, tuple(layer_ids), 0, fc, ones, ones.clone(), layers, w_ctx, k_norms)
+    return DraftWeights(s, tuple(layer_ids), 0, fc, ones, ones.clone(), layers)
 
 
 def context_write(
@@ -84,15 +64,13 @@ def context_write(
     rope_tab: tuple[torch.Tensor, torch.Tensor],  # drafter cos, sin [max_len, head_dim]
     feats: torch.Tensor,  # [batch, q, len(layer_ids) * target_hidden]
     positions: torch.Tensor,  # [batch, q] long
+    ops: Ops | None = None,
 ) -> None:
-    s = dw.shape
-    b, n, _ = feats.shape
-    fused = rms_norm(F.linear(feats.to(dw.fc.dtype), dw.fc), dw.hidden_norm, s.eps)
-    kv = F.linear(fused, dw.w_ctx_kv).view(b, n, s.layers, 2, s.kv_heads, s.head_dim)
-    cos, sin = rope_at(rope_tab, positions)  # [batch, q, 1, head_dim]
-    k = apply_rope(rms_norm(kv[:, :, :, 0], dw.k_norms, s.eps), cos[:, :, None], sin[:, :, None])
-    # [batch, q, layers, kv_heads, head_dim] -> [layers, batch, kv_heads, q, head_dim]
-    cache.write_all(k.permute(2, 0, 3, 1, 4), kv[:, :, :, 1].permute(2, 0, 3, 1, 4), positions)
+    fused = rms_norm(F.linear(feats.to(dw.fc.dtype), dw.fc), dw.hidden_norm, dw.shape.eps)
+    rope = rope_at(rope_tab, positions)  # [batch, q, 1, head_dim]
+    for i, lw in enumerate(dw.layers):
+        k, v = context_kv(lw, fused, rope, ops)  # [batch, q, kv_heads, head_dim]
+        cache.write(i, k.transpose(1, 2), v.transpose(1, 2), positions)
 
 
 def draft_block(
@@ -104,6 +82,7 @@ def draft_block(
     anchor: torch.Tensor,  # [batch] long
     q: int,  # block length (anchor + q - 1 masks)
     attention: str = "sdpa",  # `attention.BACKENDS`
+    ops: Ops | None = None,
 ) -> torch.Tensor:  # [batch, q - 1] greedy draft ids
     s = dw.shape
     b = anchor.shape[0]
@@ -114,6 +93,6 @@ def draft_block(
     attn = plan(attention, (cache.lengths + q)[:, None], cache.slots, s.heads // s.kv_heads)
     h = F.embedding(ids, embed).to(dw.fc.dtype)
     for i, lw in enumerate(dw.layers):
-        h = layer_forward(lw, s, h, rope, cache, i, positions, attn)
+        h = decoder_layer(lw, h, rope, cache_attend(cache, i, positions, attn), ops)
     h = rms_norm(h[:, 1:], dw.norm, s.eps)
     return F.linear(h.to(lm_head.dtype), lm_head).argmax(-1)

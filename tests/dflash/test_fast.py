@@ -41,6 +41,35 @@ def test_cache_write_crop_commit():
     assert m[0, 0, 0].tolist() == [True] * 3 + [False] * 5 and m[1, 0, 0, :6].all()
 
 
+def _storages(module) -> set[int]:
+    return {p.untyped_storage().data_ptr() for p in module.parameters()}
+
+
+def test_runtime_holds_one_copy_of_the_weights(pair):
+    """The decoder's weights are the modules' own memory: every fused matrix (QKV, gate/up,
+    q/k norm table) and every other tensor lies in a storage of the HF target's / drafter's
+    parameters, the q/k/v and gate/up parameters are views of the fused matrices, and a second
+    decoder over the same modules allocates no new weights."""
+    target, drafter = pair
+    dec = build_decoder(target, drafter, batch=1, max_len=16, graphs=False)
+    tw, dw = dec.target, dec.drafter
+    held = [tw.embed, tw.lm_head, tw.norm, dw.fc, dw.hidden_norm, dw.norm]
+    for lw in tw.layers + dw.layers:
+        held += [lw.ln1, lw.ln2, lw.wqkv, lw.wo, lw.qk_norm, lw.w_gate_up, lw.w_down]
+    module_storages = _storages(target) | _storages(drafter)
+    assert {t.untyped_storage().data_ptr() for t in held} <= module_storages
+    for m, lw in zip(list(target.model.layers) + list(drafter.layers), tw.layers + dw.layers):
+        a, size = m.self_attn, lw.wqkv.element_size()
+        assert a.q_proj.weight.data_ptr() == lw.wqkv.data_ptr()
+        assert a.k_proj.weight.data_ptr() == lw.wqkv.data_ptr() + a.q_proj.weight.numel() * size
+        assert m.mlp.up_proj.weight.data_ptr() == (lw.w_gate_up.data_ptr()
+                                                   + m.mlp.gate_proj.weight.numel() * size)
+    again = build_decoder(target, drafter, batch=1, max_len=16, graphs=False)
+    assert [lw.wqkv.data_ptr() for lw in again.target.layers] == [
+        lw.wqkv.data_ptr() for lw in tw.layers]
+    assert _storages(target) | _storages(drafter) == module_storages  # nothing re-fused
+
+
 def test_forward_matches_hf_across_ragged_prefill_append_and_crop(pair):
     """Logits and features of the static-cache forward equal HF's on the committed sequence
     after: ragged prefill, a verify block, a crop (partial commit), and the next block."""
