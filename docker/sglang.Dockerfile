@@ -15,7 +15,7 @@ COPY spiffy_plugin ./spiffy_plugin
 COPY specfold_plugin ./specfold_plugin
 RUN python3 -m pip wheel --no-deps --no-cache-dir -w /wheels .
 
-# Stage 2: the engine image, unchanged but for the wheel (entry point sglang.srt.plugins).
+# Stage 2: the engine image, unchanged but for the wheel (entry points sglang.srt.plugins).
 FROM ${SGLANG_IMAGE}
 COPY --from=wheel /wheels /tmp/specdec-wheels
 RUN python3 -m pip install --no-deps --no-cache-dir --break-system-packages \

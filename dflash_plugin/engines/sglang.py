@@ -1,30 +1,21 @@
-"""SGLang adapter: the `sglang.srt.plugins` entry point of this distribution, and DFlash checks.
+"""SGLang adapter for DFlash: checks of a drafter against SGLang's own loader.
 
-DFlash: SGLang (0.5.23) serves z-lab checkpoints natively (`--speculative-algorithm DFLASH
+SGLang (0.5.23) serves z-lab checkpoints natively (`--speculative-algorithm DFLASH
 --speculative-draft-model-path DIR`); its parser reads `dflash_config.{mask_token_id,
 target_layer_ids}`, `block_size` and `num_target_layers`, so a drafter trained here runs there
-unchanged and nothing is registered for it. `check_draft_for_sglang` runs SGLang's own parser
-and target-layer selection on a drafter plus our pair check. Builtin algorithm names are reserved
-in SGLang; features SGLang lacks will register under names of their own.
-`register` (the entry point) adds the dLLM algorithms Spiffy and SpecFold.
+unchanged and nothing is registered for it: this package has no `sglang.srt.plugins` entry point
+(Spiffy and SpecFold own theirs). `check_draft_for_sglang` runs SGLang's own parser and
+target-layer selection on a drafter plus our pair check. Builtin algorithm names are reserved in
+SGLang; features SGLang lacks will register under names of their own.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import Any
 
 from ..checkpoint import check_serving_config
-
-DLLM_ADAPTERS = ("spiffy_plugin.engines.sglang", "specfold_plugin.engines.sglang")
-
-
-def register() -> None:
-    """Entry point (loaded by SGLang's launcher, scheduler and detokenizer). Idempotent."""
-    for module in DLLM_ADAPTERS:
-        importlib.import_module(module).register()
 
 
 def check_draft_for_sglang(draft_dir: str | Path, target_config: Any,

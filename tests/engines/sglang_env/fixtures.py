@@ -11,6 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 FIX = ROOT / "examples" / "fixtures"
 DLLM = FIX / "code-dllm"
+# This distribution's `sglang.srt.plugins` entry points, one per package (DFlash needs none).
+ENTRY_POINTS = {"spiffy_plugin": "spiffy_plugin.engines.sglang:register",
+                "specfold_plugin": "specfold_plugin.engines.sglang:register"}
 
 
 def pytest_configure(config):
@@ -19,7 +22,7 @@ def pytest_configure(config):
     shims.install()
     from sglang.srt.plugins import load_plugins
 
-    os.environ.setdefault("SGLANG_PLUGINS", "specdec")
+    os.environ.setdefault("SGLANG_PLUGINS", ",".join(ENTRY_POINTS))
     load_plugins()
 
 

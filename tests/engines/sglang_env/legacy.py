@@ -11,7 +11,11 @@ import logging
 import os
 import sys
 
-from tests.engines.sglang_env.fixtures import graph_path, sdar_dir  # noqa: F401 (fixtures)
+from tests.engines.sglang_env.fixtures import (  # noqa: F401 (fixtures)
+    ENTRY_POINTS,
+    graph_path,
+    sdar_dir,
+)
 
 RECORDS: list[logging.LogRecord] = []
 
@@ -43,5 +47,5 @@ def pytest_configure(config):
     root = logging.getLogger()
     root.addHandler(_Keep(logging.INFO))
     root.setLevel(min(root.level, logging.INFO))
-    os.environ.setdefault("SGLANG_PLUGINS", "specdec")
+    os.environ.setdefault("SGLANG_PLUGINS", ",".join(ENTRY_POINTS))
     load_plugins()

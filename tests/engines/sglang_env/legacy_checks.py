@@ -54,10 +54,11 @@ def test_entry_point_registers_with_one_clear_warning():
             if r.levelno >= logging.WARNING and r.name.startswith("specfold_plugin")]
     assert ours == [LEGACY_SPECFOLD % VERSION], ours
     assert "layer-boundary API" in ours[0] and "SpecFold" in ours[0]
-    from dflash_plugin.engines.sglang import register
+    from specfold_plugin.engines.sglang import register as register_specfold
+    from spiffy_plugin.engines.sglang import register as register_spiffy
 
-    register()
-    register()
+    for register in (register_specfold, register_spiffy, register_specfold, register_spiffy):
+        register()
     for target in (GET, "sglang.srt.dllm.config.DllmConfig.from_server_args"):
         assert len(HookRegistry._hooks[target]) == 1, target
         assert target in HookRegistry._patched, target
