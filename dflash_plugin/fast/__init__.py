@@ -24,10 +24,10 @@ def build_decoder(target, drafter=None, *, batch: int, max_len: int, max_block: 
     "auto" (triton on CUDA, sdpa elsewhere). `fuse_round`: one CUDA graph per round (draft +
     verify + accept) instead of three, except in profiled rounds. `prefill_bucket`: prompts are
     padded to a multiple of it (0 = not padded: every new prompt width is a new shape);
-    `FastDecoder.warmup()` then covers every shape. `invariant`: batch-invariant LM head and
-    attention plan ("triton" becomes "triton-invariant"), so a verify block computes each
-    position as a 1-token decode step does (bf16 identity; Triton, so CUDA or the
-    interpreter)."""
+    `FastDecoder.warmup()` then covers every shape. `invariant`: batch-invariant matmuls and
+    RMSNorm in the target (`loop.invariant_ops`) and attention plan ("triton" becomes
+    "triton-invariant"), so a verify block computes each position as a 1-token decode step
+    does (bf16 identity; Triton, so CUDA or the interpreter)."""
     tw = target_weights(target, dtype)
     dw = draft_weights(drafter, tw.embed.dtype) if drafter is not None else None
     return FastDecoder(tw, dw, batch, max_len, tw.embed.device, max_block, graphs, attention,

@@ -13,7 +13,8 @@ and the prefill's by the padded prompt width: prompts are right-padded to a mult
 `prefill_bucket` (padded positions lie past every row's length: causal queries of real tokens
 never see them, and their cache slots are stale until overwritten), so `warmup` can pay every
 compile and capture before the first request. *Invariant* decoders compute a position the same
-way whatever the number of queries in its forward (batch-invariant matmul and attention plan).
+way whatever the number of queries in its forward (batch-invariant matmuls, RMSNorm and
+attention plan: `invariant_ops`, "triton-invariant").
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import os
 import time
 
 import torch
+from specdec_kernels.qwen3 import EAGER, Ops
+from specdec_kernels.rope import apply_rope
 from torch.nn import functional as F
 
 from ..errors import ConfigError, require
@@ -100,7 +103,10 @@ class FastDecoder:
         check_backend(attention, device)
         self.attention = attention  # decode/verify/draft steps; prefill always uses SDPA
         self.invariant = invariant
-        self.linear = _invariant_linear(device) if invariant else F.linear  # the LM head
+        # the target's layers (None: the default ops, compiled pointwise after compile_steps)
+        # and its LM head
+        self.ops = invariant_ops(device) if invariant else None
+        self.linear = self.ops.linear if invariant else F.linear
         s = target.shape
         max_len = -(-max_len // 64) * 64  # aligned slots for the fused attention kernels
         dtype = target.embed.dtype
@@ -140,7 +146,7 @@ class FastDecoder:
         block = torch.cat([self.anchor[:, None], self.draft_ids[:, :q - 1]], dim=1)
         positions = self.tcache.lengths[:, None] + torch.arange(q, device=self.device)
         hn, feats = target_forward(self.target, self.tcache, self.trope, block, positions,
-                                   positions + 1, self.layer_ids, self.attention)
+                                   positions + 1, self.layer_ids, self.attention, self.ops)
         self.target_ids[:, :q].copy_(self.linear(hn, self.target.lm_head).argmax(-1))
         if self.drafter is not None:
             context_write(self.drafter, self.dcache, self.drope, feats, positions)
@@ -177,7 +183,7 @@ class FastDecoder:
         lens = torch.tensor([len(p) for p in rows], device=dev)
         pos = torch.arange(width, device=dev)[None].expand(b, width)
         hn, feats = target_forward(self.target, self.tcache, self.trope, ids, pos, pos + 1,
-                                   self.layer_ids)  # SDPA: one long causal pass, not graphed
+                                   self.layer_ids, ops=self.ops)  # SDPA, not graphed
         last = hn.gather(1, (lens - 1)[:, None, None].expand(b, 1, hn.shape[-1]))[:, 0]
         first = self.linear(last, self.target.lm_head).argmax(-1)
         if self.drafter is not None:
@@ -268,16 +274,28 @@ class _HostEvent:
         return (end.t - self.t) * 1e3
 
 
-def _invariant_linear(device: torch.device):
-    """`specdec_kernels.matmul.invariant_linear` (Triton: CUDA, or the interpreter on CPU)."""
+def invariant_ops(device: torch.device) -> Ops:
+    """The ops of an invariant decoder's target layers and LM head: the batch-invariant matmul
+    and RMSNorm (`specdec_kernels.matmul` / `norm`: Triton, so CUDA or the interpreter on CPU);
+    RoPE, SwiGLU and the residual adds are elementwise, so row-wise already. Not compiled:
+    inductor picks a reduction layout per shape."""
     require(device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1", "invariant",
-            f"needs a CUDA device (or TRITON_INTERPRET=1 on CPU) for its Triton matmul, got "
+            f"needs a CUDA device (or TRITON_INTERPRET=1 on CPU) for its Triton kernels, got "
             f"{device}")
     try:
         from specdec_kernels.matmul import invariant_linear
+        from specdec_kernels.norm import invariant_rms_norm
     except ImportError as err:
         raise ConfigError("invariant", f"needs Triton and `specdec_kernels`: {err}") from None
-    return invariant_linear
+
+    def norm_rope(x, weight, eps, cos, sin):  # x [..., heads, head_dim]
+        return apply_rope(invariant_rms_norm(x, weight, eps), cos, sin)
+
+    def add_norm(h, delta, weight, eps):  # [..., hidden] twice
+        h = h + delta
+        return h, invariant_rms_norm(h, weight, eps)
+    return Ops(linear=invariant_linear, rms_norm=invariant_rms_norm, norm_rope=norm_rope,
+               add_norm=add_norm, swiglu=EAGER.swiglu)
 
 
 def _event(device):

@@ -68,3 +68,25 @@ def test_invariant_decoder_is_token_identical(qwen3_target):
     assert res.tokens == greedy_reference(target, prompts, 24)
     ar = fast_generate(dec, prompts, block_size=1, max_new_tokens=24, proposer="ar")
     assert ar.tokens == res.tokens
+
+
+def test_invariant_decoder_bf16_verify_equals_decode(qwen3_target):
+    """bf16: with invariant=True a 16-token verify computes each position as the 1-token decode
+    does (matmuls, RMSNorm, attention), so DFlash and n-gram output equal plain decoding of the
+    same runtime token for token; and the target's layers run the invariant ops."""
+    import copy
+
+    from dflash_plugin.fast import build_decoder, fast_generate
+    from tests.conftest import fitted_drafter
+
+    drafter = fitted_drafter(qwen3_target, num_layers=1, block_size=16)
+    target = copy.deepcopy(qwen3_target).to(DEV, torch.bfloat16)
+    drafter = drafter.to(DEV, torch.bfloat16)
+    prompts = [[5, 17, 29, 41], [9, 8, 7, 6, 5, 4]]
+    dec = build_decoder(target, drafter, batch=2, max_len=64, graphs=False, attention="triton",
+                        invariant=True)
+    assert dec.ops.rms_norm.__module__ == "specdec_kernels.norm"
+    ar = fast_generate(dec, prompts, block_size=1, max_new_tokens=20, proposer="ar").tokens
+    assert fast_generate(dec, prompts, block_size=16, max_new_tokens=20).tokens == ar
+    assert fast_generate(dec, prompts, block_size=16, max_new_tokens=20,
+                         proposer="ngram").tokens == ar
