@@ -3,6 +3,7 @@
 Every configuration runs the same prompts through the reference runtime in one process:
     python benchmarks/acceptance.py [--target DIR] --drafter NAME=DIR ... [--prompts FILE] \
         --max-new-tokens 256 --block-sizes 16 8 --temperatures 0 1 --out results.json
+`--trees 32:4 64:4` adds tree-drafting rows (node budget : top-k per depth) for every drafter.
 Greedy rows are also checked for token identity against the prompt-lookup rows (all configs
 must produce the same text at temperature 0, since every one of them is lossless).
 """
@@ -24,6 +25,7 @@ from dflash_plugin.metrics import AggregateMetrics
 from dflash_plugin.ngram import NgramProposer
 from dflash_plugin.proposers import DFlashProposer
 from dflash_plugin.sampling import SamplingParams
+from dflash_plugin.tree_generate import tree_generate
 
 
 def run(args) -> dict:
@@ -39,20 +41,28 @@ def run(args) -> dict:
     rows, outputs = [], {}
     for temp in args.temperatures:
         for bs in args.block_sizes:
-            names = list(drafters) + (["ngram"] if args.ngram else [])
-            for name in names:
+            names = [(n, None) for n in drafters] + ([("ngram", None)] if args.ngram else [])
+            names += [(n, t) for n in drafters for t in args.trees]
+            for name, tree in names:
                 proposer = NgramProposer() if name == "ngram" else DFlashProposer(drafters[name])
                 params = SamplingParams(temperature=temp, seed=args.seed)
                 toks, requests = [], []
                 t0 = time.perf_counter()
                 for i in range(0, len(prompts), args.batch_size):
-                    res = speculative_generate(model, proposer, prompts[i:i + args.batch_size],
-                                               block_size=bs, max_new_tokens=args.max_new_tokens,
-                                               params=params, stop_token_ids=stops)
+                    kw = dict(block_size=bs, max_new_tokens=args.max_new_tokens, params=params,
+                              stop_token_ids=stops)
+                    batch = prompts[i:i + args.batch_size]
+                    if tree is None:
+                        res = speculative_generate(model, proposer, batch, **kw)
+                    else:
+                        budget, topk = map(int, tree.split(":"))
+                        res = tree_generate(model, proposer, batch, tree_budget=budget,
+                                            tree_topk=topk, **kw)
                     toks += res.tokens
                     requests += res.metrics.requests
                 agg = AggregateMetrics(requests)
                 tau = agg.tau
+                name = name if tree is None else f"{name} tree {tree}"
                 row = {"proposer": name, "block_size": bs, "temperature": temp,
                        "tau": round(tau, 3), "tau_per_prompt": [round(r.tau, 3) for r in requests],
                        "per_position_acceptance": [round(a, 4) for a in
@@ -75,6 +85,8 @@ def main() -> None:
     p.add_argument("--target", default=str(fixture("code-target")))
     p.add_argument("--drafter", nargs="*", default=[], help="NAME=DIR")
     p.add_argument("--ngram", action="store_true", help="also measure prompt lookup")
+    p.add_argument("--trees", nargs="*", default=[], metavar="BUDGET:TOPK",
+                   help="tree-drafting rows for every drafter, e.g. 32:4 64:4")
     p.add_argument("--prompts", default=str(DEV_PROMPTS))
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=256)
