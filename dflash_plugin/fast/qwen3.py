@@ -147,7 +147,7 @@ def target_forward(
         h = decoder_layer(lw, h, rope, cache_attend(cache, i, positions, attn), ops)
         if i in feature_layers:
             picked[i] = h
-    hn = rms_norm(h, w.norm, s.eps)
+    hn = (ops.rms_norm if ops is not None else rms_norm)(h, w.norm, s.eps)  # ops: invariant
     if s.layers - 1 in picked:
         picked[s.layers - 1] = hn
     feats = torch.cat([picked[i] for i in feature_layers], -1) if feature_layers else None
