@@ -9,11 +9,13 @@ computed in this forward, gives the following step, and its children are checked
 So one forward advances 1 + (accepted depth) steps, and the output equals vanilla decoding's.
 *Branches* of a verification forward: 0 = the root, 1.. = the kept drafts; each has a parent
 branch (`branch_parents`), which SpecFold's pluggable verify forward (`Verify`) may exploit.
+`replay` (that acceptance rule) and `next_drafts` (build + prune) are the one implementation,
+called by `spiffy_generate` here and by the SGLang adapter (`engines/sglang_drafts.advance`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -94,6 +96,70 @@ def prune(graph: DraftGraph, own: dict[int, float], keep: int) -> list[int]:
     return chosen
 
 
+def max_rank(graph: DraftGraph) -> int:
+    """Token ranks the graph's nodes reach (1 + the largest rank j of any pair)."""
+    return 1 + max((j for n in graph.nodes for _, j in n.pairs), default=0)
+
+
+@dataclass
+class Replay:
+    steps: int  # denoising steps applied: 1 + the drafts accepted (each saved one forward)
+    probs: torch.Tensor  # [block, vocab] the distribution the last step was chosen from
+    decodable: torch.Tensor  # [block] bool: positions still decodable after the last step
+    match: int | None  # draft row equal to the final canvas (a child of the last node), or None
+
+
+def replay(
+    ids: torch.Tensor,  # [block] the canvas the root scored; advanced in place
+    root_logits: torch.Tensor,  # [block, vocab] the root's logits
+    drafts: Sequence[tuple[int, torch.Tensor]],  # (graph node index, ids [block]), in row order
+    draft_logits: torch.Tensor | None,  # [len(drafts), block, vocab] scored in the same forward
+    graph: DraftGraph,
+    params: DecodeParams,
+    generator: torch.Generator | None,
+    decodable: Callable[[torch.Tensor], torch.Tensor],  # ids [block] -> [block] bool
+    banned: Sequence[int] = (),  # token ids set to -inf first (where the logits still allow them)
+) -> Replay:
+    """Spiffy's acceptance rule: take the decoder's step from the root's distribution (the rule
+    of `params`, one `choose_unmask` per step from `generator`, as vanilla decoding does); while
+    the new canvas equals a scored child draft of the current node and positions remain, take
+    the next step from that draft's logits. Lossless: every step is the one vanilla decoding
+    would take, whichever logits row it reads."""
+    node, logits = None, root_logits
+    steps = 0
+    while True:
+        logits = logits.float()
+        if banned:
+            logits = logits.clone()
+            logits[:, list(banned)] = float("-inf")
+        probs = step_distribution(logits, params)
+        pos, toks = choose_unmask(probs, decodable(ids), params, generator)
+        ids[pos.to(ids.device)] = toks.to(ids.device, ids.dtype)
+        steps += 1
+        dec = decodable(ids)
+        kids = set(graph.children(node))
+        match = next((r for r, (k, d) in enumerate(drafts)
+                      if k in kids and torch.equal(d, ids.to(d.device))), None)
+        if not dec.any() or match is None:
+            return Replay(steps, probs, dec, match)
+        node, logits = graph.nodes[drafts[match][0]], draft_logits[match]
+
+
+def next_drafts(
+    graph: DraftGraph,
+    ids: torch.Tensor,  # [block] the new root canvas
+    probs: torch.Tensor,  # [block, vocab] P, the distribution that produced it
+    decodable: torch.Tensor,  # [block] bool
+    keep: int,  # D*
+) -> list[tuple[int, torch.Tensor]]:  # (graph node index, ids [block] on ids' device), kept
+    """The drafts to score with the next forward: every node materialized under P, pruned to
+    `keep`."""
+    ranks = rank_tables(probs, decodable, max_rank(graph))
+    built = {k: materialize(n, ids.cpu(), ranks) for k, n in enumerate(graph.nodes)}
+    own = {k: v[1] for k, v in built.items() if v is not None}
+    return [(k, built[k][0].to(ids.device)) for k in prune(graph, own, keep)]
+
+
 @torch.inference_mode()
 def spiffy_generate(model, prompt: list[int], graph: DraftGraph,
                     params: DecodeParams = DecodeParams(), max_new_tokens: int = 128,
@@ -105,36 +171,18 @@ def spiffy_generate(model, prompt: list[int], graph: DraftGraph,
     keep = len(graph.nodes) if keep is None else keep
     require(1 <= keep <= len(graph.nodes), "keep",
             f"D* must be in [1, D={len(graph.nodes)}], got {keep}")
-    max_rank = 1 + max((j for n in graph.nodes for _, j in n.pairs), default=0)
     st, logits = start_decoding(model, prompt, params, max_new_tokens)
     steps = 0
     drafts: list[tuple[int, torch.Tensor]] = []  # (graph node index, ids) scored in `logits`
     while True:
-        block = st.block
-        # Replay the decoder along the drafts this forward scored.
-        node, row = None, 0
-        while True:
-            probs = step_distribution(logits[row], params)
-            pos, toks = choose_unmask(probs, block.decodable(), params, st.generator)
-            block.ids[pos] = toks.cpu()
-            steps += 1
-            if not block.decodable().any():
-                break
-            kids = set(graph.children(node))
-            match = [r for r, (k, d) in enumerate(drafts, 1) if k in kids
-                     and torch.equal(d, block.ids)]
-            if not match:
-                break
-            row = match[0]
-            node = graph.nodes[drafts[row - 1][0]]
-        if block.decodable().any():
-            ranks = rank_tables(probs, block.decodable(), max_rank)
-            built = {k: materialize(n, block.ids, ranks) for k, n in enumerate(graph.nodes)}
-            own = {k: v[1] for k, v in built.items() if v is not None}
-            kept = prune(graph, own, keep)
-            drafts = [(k, built[k][0]) for k in kept]
+        block = st.block  # `block.decodable()` reads `block.ids`, which `replay` advances
+        r = replay(block.ids, logits[0], drafts, logits[1:], graph, params, st.generator,
+                   lambda _ids, b=block: b.decodable())
+        steps += r.steps
+        if r.decodable.any():
+            drafts = next_drafts(graph, block.ids, r.probs, r.decodable, keep)
             cands = torch.stack([block.ids] + [d for _, d in drafts])
-            logits = verify(st.runner, cands, branch_parents(graph, kept))
+            logits = verify(st.runner, cands, branch_parents(graph, [k for k, _ in drafts]))
             continue
         done = st.finish_block(steps)
         if done is not None:

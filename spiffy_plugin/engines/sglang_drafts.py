@@ -3,9 +3,9 @@ in `sglang_batch.py`).
 
 A *canvas* is SGLang's current block of one request; the *root* is the canvas a forward scored,
 the *drafts* are the guessed future canvases scored in the same forward (`spiffy.py` builds and
-prunes them). `advance` replays the graph's decoding rule from the root's logits, moving on to a
-draft's logits whenever the next true canvas equals a scored child draft, exactly as
-`spiffy.spiffy_generate` does; then it builds the drafts for the next forward.
+prunes them). `advance` runs the reference's acceptance replay (`spiffy.replay`, the one
+implementation `spiffy.spiffy_generate` also calls) on the root's and the drafts' logits, keeps
+the per-request counts, and builds the drafts for the next forward (`spiffy.next_drafts`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..decode import choose_unmask, step_distribution
 from ..params import DecodeParams
-from ..spiffy import materialize, prune, rank_tables
+from ..spiffy import next_drafts, replay
 from .sglang import SpiffyConfig, decodable_positions, request_seed
 
 
@@ -43,10 +42,6 @@ class CanvasState:
 class Outcome:
     done: bool  # the canvas is final and its K/V are in the cache
     kv_from: int | None  # draft row (index into the scored drafts) holding the final canvas's K/V
-
-
-def max_rank(cfg: SpiffyConfig) -> int:
-    return 1 + max((j for n in cfg.graph.nodes for _, j in n.pairs), default=0)
 
 
 def drafts_to_score(state: CanvasState, canvas: torch.Tensor) -> list[Draft]:  # canvas [block]
@@ -76,7 +71,7 @@ def advance(
     final canvas is itself a scored draft (and `final_from_draft`), that row's K/V can stand in
     for the forward that would persist it: `Outcome(True, row)`; the caller copies them.
     Sampled params draw each step's tokens from `generator`, one `choose_unmask` per step as the
-    reference decoder does, so the same stream gives the reference's tokens."""
+    reference decoder does (`spiffy.replay`), so the same stream gives the reference's tokens."""
     params = cfg.params if params is None else params
     state.forwards += 1
     state.drafts, state.root = [], None
@@ -84,30 +79,15 @@ def advance(
     if not dec.any():  # this forward scored the final canvas: its K/V are persisted
         state.done = True
         return Outcome(True, None)
-    banned = list(cfg.banned_token_ids)
-    node, logits, match = None, root_logits, None
-    while True:
-        logits = logits.float().clone()
-        if banned:
-            logits[:, banned] = float("-inf")
-        probs = step_distribution(logits, params)
-        pos, toks = choose_unmask(probs, dec, params, generator)
-        ids[pos.to(ids.device)] = toks.to(ids.device, ids.dtype)
-        state.steps += 1
-        dec = _decodable(ids, state.prompt, cfg)
-        kids = set(cfg.graph.children(node))
-        match = next((r for r, d in enumerate(scored) if d.node in kids
-                      and torch.equal(d.ids, ids.to(d.ids.device))), None)
-        if not dec.any() or match is None:
-            break
-        node, logits = cfg.graph.nodes[scored[match].node], draft_logits[match]
-        state.accepted += 1
-    if dec.any():
-        ranks = rank_tables(probs, dec, max_rank(cfg))
-        built = {k: materialize(n, ids.cpu(), ranks) for k, n in enumerate(cfg.graph.nodes)}
-        own = {k: v[1] for k, v in built.items() if v is not None}
-        state.drafts = [Draft(k, built[k][0].to(ids.device)) for k in prune(cfg.graph, own,
-                                                                          cfg.keep)]
+    r = replay(ids, root_logits, [(d.node, d.ids) for d in scored], draft_logits, cfg.graph,
+               params, generator, lambda canvas: _decodable(canvas, state.prompt, cfg),
+               cfg.banned_token_ids)
+    state.steps += r.steps
+    state.accepted += r.steps - 1
+    match = r.match
+    if r.decodable.any():
+        state.drafts = [Draft(k, d) for k, d in next_drafts(cfg.graph, ids, r.probs,
+                                                            r.decodable, cfg.keep)]
         state.root = ids.clone()
         return Outcome(False, None)
     left = (ids == cfg.mask_id) & ~state.prompt.to(ids.device)
