@@ -19,21 +19,24 @@ import json
 import time
 from pathlib import Path
 
-import torch
-from common import DEV_PROMPTS, fixture, read_prompts, run_info, span, write_json
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from common import DEV_PROMPTS, checkout_first, fixture, read_prompts, run_info, span, write_json
 
-from specfold_plugin.quality import (
+checkout_first()  # this checkout's packages, not an installed copy
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from specfold_plugin.quality import (  # noqa: E402
     bootstrap_ci,
     completion_parses,
     first_line,
     judge_loglik,
     parse_status,
 )
-from specfold_plugin.specfold import agreement_summary, specfold_generate
-from spiffy_plugin.calibrate import calibrate
-from spiffy_plugin.decode import DecodeParams, generate
-from spiffy_plugin.spiffy import spiffy_generate
+from specfold_plugin.specfold import agreement_summary, specfold_generate  # noqa: E402
+from spiffy_plugin.calibrate import calibrate  # noqa: E402
+from spiffy_plugin.decode import DecodeParams, generate  # noqa: E402
+from spiffy_plugin.spiffy import spiffy_generate  # noqa: E402
 
 
 def decoders(graph, deltas, params, max_new):
@@ -139,7 +142,10 @@ def main() -> None:
     graph = calibrate(model, calib, a.budget, params, a.max_new_tokens)
     names = [n for n, _ in decoders(graph, a.deltas, params, a.max_new_tokens)]
     rows = {n: [] for n in names}
+    import spiffy_plugin
+
     result = {"run": run_info(torch.device("cpu")), "dtype": "float32", "args": vars(a),
+              "package_dir": str(Path(spiffy_plugin.__file__).parent.parent),
               "graph_nodes": len(graph.nodes), "calibration_s": round(time.perf_counter() - t0)}
     out = Path(a.out)
     done = []
