@@ -9,8 +9,6 @@ a block is weighted w_k = exp(-(k - 1) / gamma). Inactive (padding) anchors are 
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..errors import require
@@ -77,10 +75,3 @@ def block_inputs(
     flat = (b, a * block_size)
     return ids.reshape(flat), pos.reshape(flat), labels.reshape(flat), w.reshape(flat)
 
-
-def lr_at(step: int, max_steps: int, warmup: int, lr: float, min_ratio: float) -> float:
-    """Linear warmup to `lr`, then cosine decay to `lr * min_ratio` at `max_steps`."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    t = min(1.0, (step - warmup) / max(1, max_steps - warmup))
-    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))

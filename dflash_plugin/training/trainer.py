@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -30,8 +31,31 @@ from ..errors import require
 from ..layers import compile_pointwise
 from ..model import DFlashDraftModel
 from ..target import context_features
-from .anchors import block_inputs, block_mask, loss_weights, lr_at, sample_anchors
+from .anchors import block_inputs, block_mask, loss_weights, sample_anchors
 from .data import TokenDataset
+
+
+def lr_scheduler(opt: torch.optim.Optimizer, warmup: int, max_steps: int, min_ratio: float,
+                 step: int = 0) -> torch.optim.lr_scheduler.LRScheduler:
+    """Linear warm-up to the optimizer's lr over `warmup` steps (step s: lr * (s + 1) / warmup),
+    then cosine decay to lr * `min_ratio` at `max_steps`; positioned at `step` (a resumed run or
+    a re-planned horizon: the optimizer's groups hold the lr of step `step` on return)."""
+    for g in opt.param_groups:  # the peak lr, whatever a previous schedule left in "lr"
+        g["lr"] = g.setdefault("initial_lr", g["lr"])
+    lr = opt.param_groups[0]["initial_lr"]
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(
+        opt, T_max=max(1, max_steps - warmup), eta_min=lr * min_ratio)
+    if warmup >= 1:
+        ramp = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1 / warmup, end_factor=1.0,
+                                                 total_iters=max(1, warmup - 1))
+        sched = torch.optim.lr_scheduler.SequentialLR(opt, [ramp, cosine], milestones=[warmup])
+    else:
+        sched = cosine
+    with warnings.catch_warnings():  # stepping to `step` before any optimizer step is intended
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(step):
+            sched.step()
+    return sched
 
 
 class TrainConfig(BaseModel):
@@ -194,6 +218,7 @@ def _train(cfg: TrainConfig, target, device) -> dict:
     # A wall-clock budget re-plans max_steps as it goes (so such runs resume, but not exactly).
     budget_s = cfg.time_budget_minutes * 60 if cfg.time_budget_minutes else None
     mark = (time.perf_counter(), step)
+    sched = lr_scheduler(opt, cfg.warmup_steps, max_steps, cfg.min_lr_ratio, step)
     pending: list[torch.Tensor] = []  # [loss, grad_norm] per step, read in one transfer
     first_step = step
 
@@ -203,8 +228,6 @@ def _train(cfg: TrainConfig, target, device) -> dict:
             pending.clear()
 
     while step < stop_at:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, max_steps, cfg.warmup_steps, cfg.lr, cfg.min_lr_ratio)
         opt.zero_grad(set_to_none=True)
         correct = total = loss_sum = 0
         for micro in range(cfg.grad_accum):
@@ -218,6 +241,7 @@ def _train(cfg: TrainConfig, target, device) -> dict:
             tokens += n_tokens
         grad_norm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.clip)
         opt.step()
+        sched.step()
         step += 1
         pending.append(torch.stack([loss_sum, grad_norm.float()]))
         if budget_s is not None and step % 50 == 0:
@@ -228,6 +252,7 @@ def _train(cfg: TrainConfig, target, device) -> dict:
             per_step = (now - mark[0]) / (step - mark[1])
             left = budget_s - (now - t_start)
             max_steps = max(step + 1, min(cfg.max_steps, step + int(left / per_step)))
+            sched = lr_scheduler(opt, cfg.warmup_steps, max_steps, cfg.min_lr_ratio, step)
             stop_at = max_steps if run_limit is None else min(max_steps, run_limit)
             mark = (now, step)
             bar.total = max_steps

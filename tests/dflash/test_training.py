@@ -16,7 +16,7 @@ from dflash_plugin.training.anchors import (
     sample_anchors,
 )
 from dflash_plugin.training.data import TokenDataset, load_prompts_jsonl, save_shard
-from dflash_plugin.training.trainer import TrainConfig, block_loss, train
+from dflash_plugin.training.trainer import TrainConfig, block_loss, lr_scheduler, train
 from tests.conftest import MASK_ID, greedy_reference, tiny_target
 
 
@@ -94,6 +94,43 @@ def _cfg(folder, out, **kw):
                 batch_size=4, max_steps=30, warmup_steps=3, lr=1e-2, save_every=15,
                 mask_token_id=MASK_ID, log_every=5)
     return validated(TrainConfig, **{**base, **kw})
+
+
+def _schedule(lr, warmup, max_steps, min_ratio, step):
+    """The recipe's schedule in closed form: linear warm-up, then cosine to lr * min_ratio."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, max_steps - warmup)
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+@pytest.mark.parametrize("warmup,max_steps", [(50, 1000), (3, 30), (1, 10), (0, 12), (10, 8)])
+def test_lr_scheduler_values(warmup, max_steps):
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-2)
+    sched = lr_scheduler(opt, warmup, max_steps, 0.1)
+    got = []
+    for _ in range(max_steps):
+        got.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    want = [_schedule(1e-2, warmup, max_steps, 0.1, s) for s in range(max_steps)]
+    assert got == pytest.approx(want, rel=1e-12, abs=0)
+    if 1 < warmup < max_steps:  # hand-computed rows: ramp start, peak, cosine midpoint
+        assert got[0] == pytest.approx(1e-2 / warmup) and got[warmup] == pytest.approx(1e-2)
+    if (max_steps - warmup) % 2 == 0 and warmup < max_steps:  # half-way: lr * (1 + 0.1) / 2
+        assert got[warmup + (max_steps - warmup) // 2] == pytest.approx(1e-2 * 0.55)
+
+
+def test_lr_scheduler_resumes_at_a_step():
+    """A resumed run (or a re-planned horizon) rebuilds the schedule at its step."""
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-2)
+    lr_scheduler(opt, 5, 100, 0.1)
+    for step in (0, 4, 5, 37, 99):
+        sched = lr_scheduler(opt, 5, 100, 0.1, step)
+        assert opt.param_groups[0]["lr"] == pytest.approx(_schedule(1e-2, 5, 100, 0.1, step))
+        opt.step()
+        sched.step()
+        assert opt.param_groups[0]["lr"] == pytest.approx(_schedule(1e-2, 5, 100, 0.1, step + 1))
 
 
 def test_dataset_reads_shards(tiny_data):
