@@ -54,8 +54,8 @@ BLOCK_LINE = re.compile(r"Spiffy block: rid=(\S+) forwards=(\d+) steps=(\d+) acc
 def sglang_env() -> dict[str, str]:
     parts = [str(ROOT), str(SGLANG_ENV), str(SITE)]
     parts += [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(parts), SGLANG_PLUGINS="specdec",
-                OMP_NUM_THREADS="1")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(parts),
+                SGLANG_PLUGINS="spiffy_plugin,specfold_plugin", OMP_NUM_THREADS="1")
 
 
 @pytest.fixture(scope="module")
