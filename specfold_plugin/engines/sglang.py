@@ -2,9 +2,10 @@
 
 The config is Spiffy's (graph file, D = `budget`, D* = `keep`, rule) plus `delta`, the fold
 threshold: a draft position whose residual differs from its parent's by at most delta reuses the
-parent's QKV/FFN (delta = 0 folds only exact repeats); inside SGLang the folding runs in a wrapper
-of the SDAR decoder layer (`sglang_fold.py`, driven by `sglang_algorithm.py`). Imports no SGLang
-at module import. SGLang < 0.5.21 runs SpecFold unfolded (see `spiffy_plugin.engines.versions`).
+parent's QKV/FFN (delta = 0 folds only exact repeats); inside SGLang the folding runs in a
+HookRegistry hook on the SDAR decoder layer (`sglang_fold.py`, driven by `sglang_algorithm.py`).
+Imports no SGLang at module import. SGLang < 0.5.21 runs SpecFold unfolded (see
+`spiffy_plugin.engines.versions`).
 """
 
 from __future__ import annotations
@@ -52,10 +53,18 @@ def parse_specfold_config(raw: Any, *, block_size: int, mask_id: int) -> SpecFol
 def register() -> None:
     """The `sglang.srt.plugins` entry point `specfold_plugin`: register `--dllm-algorithm
     SpecFold`. Idempotent; needs no Spiffy registration (its class imports Spiffy's), so it works
-    whichever entry point SGLang runs first, or alone. On SGLang < 0.5.21, whose SDAR layers lack
-    the layer-boundary API the folded layer is written for, log once that SpecFold runs unfolded."""
+    whichever entry point SGLang runs first, or alone. The folded SDAR layer is an AROUND hook on
+    `SDARBlock.forward` in SGLang's HookRegistry (`sglang_fold.register_fold_hook`); on SGLang <
+    0.5.21, whose SDAR layers lack the layer-boundary API the folded layer is written for, no hook
+    is registered and a warning says once that SpecFold runs unfolded."""
     first = "SpecFold" not in ALGORITHMS
     register_dllm_algorithm("SpecFold", "specfold_plugin.engines.sglang_algorithm:SpecFold",
                             "specfold_plugin.engines.sglang:parse_specfold_config")
-    if first and not sglang_at_least(SGLANG_LAYER_BOUNDARY):
+    if not first:
+        return
+    if sglang_at_least(SGLANG_LAYER_BOUNDARY):
+        from .sglang_fold import register_fold_hook
+
+        register_fold_hook()
+    else:
         logger.warning(LEGACY_SPECFOLD, describe(installed("sglang")))

@@ -26,7 +26,7 @@ from spiffy_plugin.spiffy import branch_parents
 
 from ..stats import FoldStats
 from .sglang import parse_specfold_config
-from .sglang_fold import FoldPlan, Group, active, install, sdar_blocks
+from .sglang_fold import FoldPlan, Group, active, fold_hook_applied, foldable_layers, sdar_blocks
 
 logger = logging.getLogger(__name__)
 DUMPS = 3
@@ -61,8 +61,13 @@ class SpecFold(Spiffy):
 
     def run(self, model_runner, forward_batch, algo_states=None):
         if not self.layers:
-            self.layers = install(model_runner.model)
-            if self.layers:
+            self.layers = foldable_layers(model_runner.model)
+            if self.layers and not fold_hook_applied():
+                self.layers = 0
+                self.warn_once("the SDAR layer hook is not applied in this process (SpecFold "
+                               "registered outside SGLang's plugin loading?): drafts are scored "
+                               "densely")
+            elif self.layers:
                 self.fold = FoldStats(self.layers)
                 logger.info("SpecFold: folding %d SDAR layers (delta=%g)", self.layers,
                             self.delta)
@@ -101,7 +106,7 @@ class SpecFold(Spiffy):
             plan.record = []
             self._pending = {"plan": plan, "rids": rids, "input_ids": batch.input_ids.cpu().clone(),
                              "positions": batch.positions.cpu().clone()}
-        return self._checked(plan)
+        return self._checked(batch, plan)
 
     def step(self, forward_batch, full_logits, states):
         if self._pending is not None:
@@ -122,8 +127,8 @@ class SpecFold(Spiffy):
         self.dumped += 1
 
     @contextlib.contextmanager
-    def _checked(self, plan: FoldPlan):
-        with active(plan):
+    def _checked(self, batch, plan: FoldPlan):
+        with active(batch, plan):
             yield
         if plan.layers_run != self.layers:
             self.warn_once(f"only {plan.layers_run} of {self.layers} layers ran folded in a "

@@ -1,21 +1,28 @@
 """SpecFold's folded SDAR decoder layer inside SGLang's forward (duck-typed; imported lazily).
 
-A *fold plan* is set (`active`) around one model forward whose ForwardBatch holds draft rows: per
-request, the batch sequences of its tree (root first) and each one's parent branch. While a plan is
-active, every wrapped `SDARBlock` (`install`) runs `folded_block`: the gate of the reference
+A *fold plan* is active (`active(batch, plan)`, a context variable, around one model forward
+whose ForwardBatch holds draft rows): per request, the batch sequences of its tree (root first)
+and each one's parent branch. The plan cannot ride on the ForwardBatch itself: SGLang's eager
+runner hands the layers a copy of it (`EagerRunner.load_batch`). `fold_forward`, an AROUND hook
+on `SDARBlock.forward` in SGLang's `HookRegistry` (`register_fold_hook`, run by SpecFold's entry
+point), makes every SDAR layer whose batch has the shape of the active plan run `folded_block`:
+the gate of the reference
 (`specfold_plugin.gate`) on the layer input picks the recompute rows; qkv_proj (+ q/k norm, rope)
 runs on those only and folded rows copy their source's Q/K/V; SGLang's own RadixAttention then
 runs over every row (K/V writes and prefix sharing stay SGLang's); the FFN is gated the same way
-on its own input. Without an active plan (or on a batch that is not the plan's) the layer's own
-forward runs unchanged.
+on its own input. On any other batch (no plan: Spiffy, other algorithms, prompt blocks, CUDA-graph
+capture) the layer's own forward runs unchanged.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from dataclasses import dataclass, field
 
 import torch
+
+from spiffy_plugin.errors import require
 
 from ..gate import gate, resolve_sources, source_rows
 from ..stats import FoldStats
@@ -41,21 +48,32 @@ class FoldPlan:
     _layer: int = field(default=0, repr=False)
 
 
-_ACTIVE: list[FoldPlan] = []  # at most one plan: the model forward running now
+SDAR_FORWARD = "sglang.srt.models.sdar.SDARBlock.forward"  # the HookRegistry target
+# The plan of the model forward running now in this thread / task (None outside one).
+_PLAN: contextvars.ContextVar[FoldPlan | None] = contextvars.ContextVar("specfold_plan",
+                                                                          default=None)
 
 
 @contextlib.contextmanager
-def active(plan: FoldPlan):
-    """Fold the forwards run inside this block with `plan`."""
-    _ACTIVE.append(plan)
+def active(forward_batch, plan: FoldPlan):
+    """Fold the forward of `forward_batch` (the batch of `plan.sequences` sequences) run inside
+    this block with `plan`."""
+    require(forward_batch.batch_size == plan.sequences, "FoldPlan.sequences",
+            f"{plan.sequences} for a batch of {forward_batch.batch_size} sequences")
+    token = _PLAN.set(plan)
     try:
         yield plan
     finally:
-        _ACTIVE.remove(plan)
+        _PLAN.reset(token)
 
 
-def current() -> FoldPlan | None:
-    return _ACTIVE[-1] if _ACTIVE else None
+def plan_of(forward_batch, positions: torch.Tensor) -> FoldPlan | None:  # positions [S * n]
+    """The active plan, when this batch has its shape (else None: another forward)."""
+    plan = _PLAN.get()
+    if plan is None or forward_batch.batch_size != plan.sequences \
+            or positions.shape[0] != plan.sequences * plan.block:
+        return None
+    return plan
 
 
 def fold_rows(
@@ -145,25 +163,32 @@ def has_layer_boundary(block) -> bool:
     return hasattr(block, "attn_boundary") and hasattr(block, "ffn_boundary")
 
 
-def install(model) -> int:
-    """Wrap every SDARBlock of an SGLang SDAR model (once); returns the wrapped layer count, 0
-    when `model` is not SGLang's SDAR model or its layers predate the layer-boundary API (then
-    nothing is wrapped and nothing folds)."""
-    blocks = [m for m in sdar_blocks(model) if has_layer_boundary(m)]
-    for m in blocks:
-        if getattr(m, "_specfold_wrapped", False):
-            continue
-        m.forward = _wrapped(m, m.forward)
-        m._specfold_wrapped = True
-    return len(blocks)
+def fold_forward(original, layer, positions, hidden_states, forward_batch):
+    """AROUND hook on `SDARBlock.forward`: `folded_block` under this batch's plan, else the
+    layer's own forward."""
+    plan = plan_of(forward_batch, positions)
+    if plan is None:
+        return original(layer, positions, hidden_states, forward_batch)
+    return folded_block(layer, positions, hidden_states, forward_batch, plan)
 
 
-def _wrapped(layer, own):
-    def forward(positions, hidden_states, forward_batch):
-        plan = current()
-        if plan is None or forward_batch.batch_size != plan.sequences \
-                or positions.shape[0] != plan.sequences * plan.block:
-            return own(positions, hidden_states, forward_batch)
-        return folded_block(layer, positions, hidden_states, forward_batch, plan)
+def register_fold_hook() -> None:
+    """Register `fold_forward` in SGLang's HookRegistry (applied by SGLang's `load_plugins`
+    after the entry points ran). For SGLang >= 0.5.21 (layer-boundary SDAR layers) only."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    return forward
+    HookRegistry.register(SDAR_FORWARD, fold_forward, HookType.AROUND)
+
+
+def fold_hook_applied() -> bool:
+    """Whether `fold_forward` wraps `SDARBlock.forward` in this process."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    hooks = HookRegistry._hooks.get(SDAR_FORWARD, ())
+    return SDAR_FORWARD in HookRegistry._patched and any(h is fold_forward for _, h, _ in hooks)
+
+
+def foldable_layers(model) -> int:
+    """SDAR layers of `model` that fold: those with the layer-boundary API `folded_block` is
+    written for (0 for another model or an older SDAR layer)."""
+    return sum(has_layer_boundary(m) for m in sdar_blocks(model))

@@ -1,5 +1,5 @@
 """SpecFold's SGLang fold plan without SGLang: the batch-wide gate over several requests' trees
-(`fold_rows`) against the reference gate per tree, and the layer wrapper's dispatch (folded only
+(`fold_rows`) against the reference gate per tree, and the layer hook's dispatch (folded only
 while a plan for this very batch is active). The folded layer itself runs in SGLang's server:
 `tests/engines/test_sglang_serve.py`."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from specfold_plugin.engines import sglang_fold
-from specfold_plugin.engines.sglang_fold import FoldPlan, Group, active, current, fold_rows
+from specfold_plugin.engines.sglang_fold import FoldPlan, Group, active, fold_forward, fold_rows
 from specfold_plugin.gate import gate, resolve_sources
 from specfold_plugin.stats import FoldStats
 
@@ -47,19 +47,29 @@ def test_fold_rows_follow_each_requests_tree():
     assert want_src[3, 1] == 0  # a fold chain resolves to the nearest recomputed ancestor
 
 
-def test_wrapper_folds_only_under_a_plan_for_this_batch(monkeypatch):
+def test_hook_folds_only_under_a_plan_for_this_batch(monkeypatch):
     calls = []
     monkeypatch.setattr(sglang_fold, "folded_block",
                         lambda layer, pos, hs, fb, plan: calls.append(("folded", plan)) or "f")
-    fwd = sglang_fold._wrapped(object(), lambda pos, hs, fb: calls.append(("own",)) or "o")
+    layer = object()
+
+    def own(self, pos, hs, fb):  # SDARBlock.forward as the HookRegistry hands it over
+        assert self is layer
+        calls.append(("own",))
+        return "o"
+
+    def fwd(pos, fb):
+        return fold_forward(own, layer, pos, None, fb)
+
     fb, pos = SimpleNamespace(batch_size=6), torch.zeros(24, dtype=torch.long)
-    assert current() is None and fwd(pos, None, fb) == "o"  # Spiffy / no drafts: untouched
+    assert fwd(pos, fb) == "o"  # Spiffy / no drafts: untouched
     plan = FoldPlan(6, 4, 0.1, _batch()[1])
-    with active(plan):
-        assert fwd(pos, None, fb) == "f"
-        assert fwd(pos[:8], None, SimpleNamespace(batch_size=2)) == "o"  # another batch
-    assert current() is None and fwd(pos, None, fb) == "o"
-    assert [c[0] for c in calls] == ["own", "folded", "own", "own"]
+    copy = SimpleNamespace(batch_size=6)  # SGLang's eager runner hands layers a copy
+    with active(fb, plan):
+        assert fwd(pos, fb) == "f" and fwd(pos, copy) == "f"
+        assert fwd(pos[:8], SimpleNamespace(batch_size=2)) == "o"  # another batch
+    assert fwd(pos, fb) == "o"
+    assert [c[0] for c in calls] == ["own", "folded", "folded", "own", "own"]
 
 
 def test_counters_per_forward_and_per_request():

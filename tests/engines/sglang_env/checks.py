@@ -19,6 +19,7 @@ from sglang.srt.dllm.config import DllmConfig  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 
 from dflash_plugin.errors import ConfigError as DFlashConfigError  # noqa: E402
+from specfold_plugin.engines.sglang_fold import SDAR_FORWARD, fold_hook_applied  # noqa: E402
 from spiffy_plugin.errors import ConfigError  # noqa: E402
 from tests.engines.sglang_env.fixtures import (  # noqa: E402
     DLLM,
@@ -45,8 +46,11 @@ def test_entry_point_registers_algorithms_idempotently():
     for register in (register_specfold, register_spiffy, register_specfold, register_spiffy):
         register()
     for target in ("sglang.srt.dllm.algorithm.get_algorithm_cls",
-                   "sglang.srt.dllm.config.DllmConfig.from_server_args"):
+                   "sglang.srt.dllm.config.DllmConfig.from_server_args", SDAR_FORWARD):
         assert len(HookRegistry._hooks[target]) == 1, target
+    from sglang.srt.models.sdar import SDARBlock
+
+    assert fold_hook_applied() and SDARBlock.forward.__wrapped__ is not None  # class, not layers
 
 
 def test_whitelist_names_each_package(monkeypatch):

@@ -26,6 +26,7 @@ from sglang.srt.dllm.config import DllmConfig  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 
+from specfold_plugin.engines.sglang_fold import SDAR_FORWARD  # noqa: E402
 from spiffy_plugin.engines.sglang_batch import take_free_rows  # noqa: E402
 from spiffy_plugin.engines.versions import LEGACY_SPECFOLD  # noqa: E402
 from spiffy_plugin.errors import ConfigError  # noqa: E402
@@ -63,6 +64,7 @@ def test_entry_point_registers_with_one_clear_warning():
         assert len(HookRegistry._hooks[target]) == 1, target
         assert target in HookRegistry._patched, target
     assert "sglang.srt.dllm.algorithm.get_algorithm_cls" not in HookRegistry._hooks
+    assert SDAR_FORWARD not in HookRegistry._hooks  # no folded layer for 0.5.16's SDAR layers
 
 
 def test_spiffy_and_specfold_resolve(sdar_dir, graph_path, tmp_path):
