@@ -1,10 +1,8 @@
-"""One Qwen3 decoder layer for every model of the project (target, DFlash drafter, SpecFold).
-
-`decoder_layer`: input norm, fused QKV, q/k norm + RoPE, *attend*, o_proj, residual, post-attention
-norm, fused gate/up, SiLU x up, down, residual. Variants differ by hooks: `attend` (backend, cache
-writes, injected context K/V), `gate` (SpecFold: which rows recompute a sublayer, how results fan
-out), `ops` (linear + pointwise functions). *Fused* weights: q/k/v rows in one matrix, gate/up rows
-in one, made once by `layer_weights`, whose module parameters then become views of them.
+"""One Qwen3 decoder layer (`decoder_layer`) for every model: target, DFlash drafter, SpecFold.
+Variants differ by hooks: `attend` (backend, cache writes, injected context K/V), `gate` (SpecFold:
+which rows recompute a sublayer, how results fan out), `ops` (linear + pointwise functions).
+*Fused* weights: q/k/v rows in one matrix, gate/up rows in one, made once by `layer_weights`; the
+module's parameters then become views of them (one copy).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ gates, resolves sources and compacts each request's recomputed rows into
 compact batch and `take_rows` fans results out to every row. Attention of a row = merge of its
 source's state over the prefix (computed once per compact row) and its own state over its
 branch's block K/V (`specdec_kernels.merge.merge_pair`).
-Same math as `fold.folded_layer` (the spec).
+Each layer is `specdec_kernels.qwen3.decoder_layer` (gate + attend hooks); same math as
+`fold.folded_layer` (the spec).
 Nothing here reads a device value on the host (except with `sync` capacities, None: each gate
 sizes its compact batch from its true count), so a forward can be captured in a CUDA graph.
 """
@@ -21,8 +22,7 @@ import torch
 from specdec_kernels.attention import branch_attention
 from specdec_kernels.gate import compact, fold_plan, resolve_sources, take_rows
 from specdec_kernels.merge import merge_pair
-
-from .fold import _rope
+from specdec_kernels.qwen3 import Rows, decoder_layer, layer_weights
 
 
 class Prefix(NamedTuple):
@@ -35,7 +35,7 @@ class Prefix(NamedTuple):
 class Batch(NamedTuple):
     ids: torch.Tensor  # [T] long token ids, flat (request, branch, position)
     parent: torch.Tensor  # [requests * branches] int32: parent branch (flat), -1 for each root
-    rope: torch.Tensor  # [T, 2 * hd] cos | sin of each row's position
+    rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin [T, 1, hd] of each row's position
     requests: int
     branches: int
     n: int  # positions per block
@@ -74,24 +74,15 @@ def prepare(model, blocks: torch.Tensor,  # [requests, branches, n] ids
     pos = (torch.tensor(context)[:, None] + torch.arange(n)[None]).to(dev)  # [r, n]
     h = base.embed_tokens.weight[:1]
     cos, sin = base.rotary_emb(h, pos)  # [r, n, hd]
-    rope = torch.cat([cos, sin], -1)[:, None].expand(r, k, n, -1).reshape(r * k * n, -1)
-    return Batch(blocks.reshape(-1).to(dev), forest.to(dev), rope.contiguous(), r, k, n)
+    rope = tuple(t[:, None].expand(r, k, n, -1).reshape(r * k * n, 1, -1).contiguous()
+                 for t in (cos, sin))
+    return Batch(blocks.reshape(-1).to(dev), forest.to(dev), rope, r, k, n)
 
 
-def _heads(attn) -> tuple[int, int, int]:
-    hd = attn.head_dim
-    return attn.q_proj.out_features // hd, attn.k_proj.out_features // hd, hd
-
-
-def _qkv(attn, x: torch.Tensor,  # [M, d] normed layer input
-         rope: torch.Tensor,  # [M, 2 * hd]
-         ) -> torch.Tensor:  # [M, heads + 2 * kv_heads, hd]: roped q, roped k, v
-    heads, kvh, hd = _heads(attn)
-    m = x.shape[0]
-    cos, sin = rope[:, :hd], rope[:, hd:]
-    q = _rope(attn.q_norm(attn.q_proj(x).view(m, heads, hd)), cos, sin)
-    k = _rope(attn.k_norm(attn.k_proj(x).view(m, kvh, hd)), cos, sin)
-    return torch.cat([q, k, attn.v_proj(x).view(m, kvh, hd)], 1)
+def _take(x: torch.Tensor,  # [M, ...] contiguous
+          idx: torch.Tensor,  # [T] int32 (-1 = zero row)
+          ) -> torch.Tensor:  # [T, ...]
+    return take_rows(x.reshape(x.shape[0], -1), idx).view(-1, *x.shape[1:])
 
 
 def _prefix_args(prefix: Prefix | None, layer: int) -> dict:
@@ -111,14 +102,16 @@ def dense_layer(layer, i: int, h: torch.Tensor,  # [T, d]
                 b: Batch, prefix: Prefix | None) -> torch.Tensor:  # [T, d]
     """Every row recomputed: one attention launch over prefix + own block (the dense baseline
     on the same kernels)."""
-    attn = layer.self_attn
-    heads, kvh, hd = _heads(attn)
-    qkv = _qkv(attn, layer.input_layernorm(h), b.rope).view(b.requests, b.branches, b.n, -1, hd)
-    q, k, v = qkv.split([heads, kvh, kvh], dim=3)
-    out = branch_attention(q, k_blk=k, v_blk=v, scale=attn.scaling, validate=False,
-                           **_prefix_args(prefix, i), **_tiles(h))
-    mid = h + attn.o_proj(out.view(h.shape[0], heads * hd))
-    return mid + layer.mlp(layer.post_attention_layernorm(mid))
+    w = layer_weights(layer)
+    scale = layer.self_attn.scaling
+
+    def attend(q, k, v):  # [T, heads | kv_heads, hd]
+        qkv = torch.cat([q, k, v], 1).view(b.requests, b.branches, b.n, -1, w.head_dim)
+        q, k, v = qkv.split([w.heads, w.kv_heads, w.kv_heads], dim=3)  # one layout for all
+        out = branch_attention(q, k_blk=k, v_blk=v, scale=scale, validate=False,
+                               **_prefix_args(prefix, i), **_tiles(h))
+        return out.view(h.shape[0], -1)
+    return decoder_layer(w, h, b.rope, attend)
 
 
 def sized_capacity(count: torch.Tensor,  # [requests] true recomputed rows (device)
@@ -159,34 +152,44 @@ def folded_layer(layer, i: int, h: torch.Tensor,  # [T, d]
     """-> layer output [T, d], recomputed rows per request at the attention / FFN gate [R] each
     (device tensors; a count above its capacity means the output is wrong: re-run wider). A
     capacity of None sizes that gate's compact batch from its true count: a host read per gate,
-    so never an overflow, but not capturable in a CUDA graph."""
-    attn = layer.self_attn
-    heads, kvh, hd = _heads(attn)
+    so never an overflow, but not capturable in a CUDA graph. The layer is
+    `specdec_kernels.qwen3.decoder_layer` with the fold plan as its gate hook."""
+    w = layer_weights(layer)
+    scale = layer.self_attn.scaling
+    heads, hd = w.heads, w.head_dim
     t, r = h.shape[0], b.requests
-    rows, slot, count, cap = _plan(h, b, delta, caps[0], forced and forced[0])
-    qkv = _qkv(attn, layer.input_layernorm(take_rows(h, rows)), take_rows(b.rope, rows))
-    full = take_rows(qkv.view(r * cap, -1), slot).view(r, b.branches, b.n, -1, hd)
-    q, k, v = full.split([heads, kvh, kvh], dim=3)
-    if prefix is None:
-        out = branch_attention(q, k_blk=k, v_blk=v, scale=attn.scaling, validate=False,
-                               **_tiles(h))
-    else:
-        pre = branch_attention(qkv[:, :heads].view(r, 1, cap, heads, hd), scale=attn.scaling,
+    plans: dict[str, tuple] = {}  # site -> (rows, slot, count, cap)
+
+    def fold_rows(x: torch.Tensor, site: str) -> Rows:  # x [T, d]
+        j = 0 if site == "attn" else 1
+        if j and ffn_gate == "layer":
+            plans[site] = plans["attn"]
+        else:
+            plans[site] = _plan(x, b, delta, caps[j], forced and forced[j])
+        rows, slot = plans[site][:2]
+        return Rows(take=lambda y: _take(y, rows), fan=lambda y: _take(y, slot))
+
+    def attend(q, k, v):  # [R * cap, heads | kv_heads, hd] compact rows
+        _, slot, _, cap = plans["attn"]
+        qkv = torch.cat([q, k, v], 1)  # [R * cap, heads + 2 * kv_heads, hd]
+        full = take_rows(qkv.view(r * cap, -1), slot).view(r, b.branches, b.n, -1, hd)
+        qf, kf, vf = full.split([heads, w.kv_heads, w.kv_heads], dim=3)
+        if prefix is None:
+            return branch_attention(qf, k_blk=kf, v_blk=vf, scale=scale, validate=False,
+                                    **_tiles(h)).view(t, heads * hd)
+        pre = branch_attention(qkv[:, :heads].view(r, 1, cap, heads, hd), scale=scale,
                                return_state=True, validate=False, out_dtype=torch.float32,
                                **_prefix_args(prefix, i), **_tiles(h))
-        blk = branch_attention(q, k_blk=k, v_blk=v, scale=attn.scaling, return_state=True,
+        blk = branch_attention(qf, k_blk=kf, v_blk=vf, scale=scale, return_state=True,
                                validate=False, out_dtype=torch.float32, **_tiles(h))
         out = merge_pair(pre[0].view(-1, heads, hd), pre[1].view(-1, heads),
                          pre[2].view(-1, heads), blk[0].view(t, heads, hd),
                          blk[1].view(t, heads), blk[2].view(t, heads), rows_a=slot,
                          dtype=h.dtype)
-    mid = h + attn.o_proj(out.view(t, heads * hd))
-    if ffn_gate == "layer":
-        frows, fslot, fcount = rows, slot, count
-    else:
-        frows, fslot, fcount, _ = _plan(mid, b, delta, caps[1], forced and forced[1])
-    y = layer.mlp(layer.post_attention_layernorm(take_rows(mid, frows)))
-    return mid + take_rows(y, fslot), count, fcount
+        return out.view(t, heads * hd)
+
+    out = decoder_layer(w, h, b.rope, attend, gate=fold_rows)
+    return out, plans["attn"][2], plans["ffn"][2]
 
 
 def run_layers(model, h: torch.Tensor,  # [T, d] input of layer `start`

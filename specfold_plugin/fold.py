@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from specdec_kernels.qwen3 import Ops, Rows, decoder_layer, layer_weights
 
 from spiffy_plugin.errors import require
 from spiffy_plugin.runtime import BlockDiffusionRunner
@@ -30,14 +31,6 @@ from .stats import FoldStats
 # (h [k, n, d], parents [k], delta) -> fold [k, n] bool; `gate.gate` unless a benchmark forces one
 GateFn = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 FFN_GATES = ("own", "layer")
-
-
-def _rope(x: torch.Tensor,  # [r, heads, hd]
-          cos: torch.Tensor, sin: torch.Tensor,  # [r, hd]
-          ) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None] + rot * sin[:, None]
 
 
 def _cache_kv(runner: BlockDiffusionRunner, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,35 +49,39 @@ def folded_layer(
     delta: float,
     ffn_gate: str = "own",
     gate_fn: GateFn = gate,
+    ops: Ops | None = None,  # the layer's linear / pointwise functions (None: the default)
 ) -> tuple[torch.Tensor, int, int]:  # layer output [k, n, d], QKV rows, FFN rows
-    attn = layer.self_attn
+    """`specdec_kernels.qwen3.decoder_layer` with the fold as its gate hook and the merged
+    context + own-block attention as its attend hook."""
     k, n, d = h.shape
-    hd = attn.head_dim
-    flat = h.reshape(k * n, d)
-    fold = gate_fn(h, parents, delta)
-    rows, take = source_rows(resolve_sources(fold, parents), ~fold)  # [R], [k*n]
-    x = layer.input_layernorm(flat[rows])  # [R, d]
-    pos = rows % n
-    q = _rope(attn.q_norm(attn.q_proj(x).view(len(rows), -1, hd)), cos[pos], sin[pos])
-    kk = _rope(attn.k_norm(attn.k_proj(x).view(len(rows), -1, hd)), cos[pos], sin[pos])
-    v = attn.v_proj(x).view(len(rows), -1, hd)
-    heads = q.shape[1]
-    # Context part: once per recomputed row, shared by the rows folded onto it.
-    ctx = attention_state(q.transpose(0, 1)[None], keys, values, attn.scaling)
-    ctx = tuple(t[0].transpose(0, 1)[take].view(k, n, heads, *t.shape[3:]).transpose(1, 2)
-                for t in ctx)  # [k, heads, n, (hd)]
-    # Own-block part: every row's (own or inherited) query over its branch's block K/V.
-    qb, kb, vb = (t[take].view(k, n, t.shape[1], hd).transpose(1, 2) for t in (q, kk, v))
-    out = merge_states(ctx, attention_state(qb, kb, vb, attn.scaling))[0]  # [k, heads, n, hd]
-    out = out.transpose(1, 2).reshape(k * n, heads * hd).to(h.dtype)
-    mid = flat + attn.o_proj(out)  # [k*n, d]
-    if ffn_gate == "layer":
-        frows, ftake = rows, take
-    else:
-        ffold = gate_fn(mid.view(k, n, d), parents, delta)
-        frows, ftake = source_rows(resolve_sources(ffold, parents), ~ffold)
-    y = layer.mlp(layer.post_attention_layernorm(mid[frows]))  # [R_ffn, d]
-    return (mid + y[ftake]).view(k, n, d), len(rows), len(frows)
+    scale = layer.self_attn.scaling
+    plans: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # site -> (rows [R], take [k*n])
+
+    def fold_rows(x: torch.Tensor, site: str) -> Rows:  # x [k*n, d]
+        if site == "ffn" and ffn_gate == "layer":
+            plans[site] = plans["attn"]
+        else:
+            fold = gate_fn(x.view(k, n, d), parents, delta)
+            plans[site] = source_rows(resolve_sources(fold, parents), ~fold)
+        rows, take = plans[site]
+        return Rows(take=lambda t: t[rows], fan=lambda t: t[take])
+
+    def attend(q, kk, v):  # [R, heads | kv_heads, hd] of the recomputed rows
+        take = plans["attn"][1]
+        heads, hd = q.shape[1], q.shape[2]
+        # Context part: once per recomputed row, shared by the rows folded onto it.
+        ctx = attention_state(q.transpose(0, 1)[None], keys, values, scale)
+        ctx = tuple(t[0].transpose(0, 1)[take].view(k, n, heads, *t.shape[3:]).transpose(1, 2)
+                    for t in ctx)  # [k, heads, n, (hd)]
+        # Own-block part: every row's (own or inherited) query over its branch's block K/V.
+        qb, kb, vb = (t[take].view(k, n, t.shape[1], hd).transpose(1, 2) for t in (q, kk, v))
+        out = merge_states(ctx, attention_state(qb, kb, vb, scale))[0]  # [k, heads, n, hd]
+        return out.transpose(1, 2).reshape(k * n, heads * hd).to(h.dtype)
+
+    rope = tuple(t[None, :, None].expand(k, n, 1, t.shape[-1]).reshape(k * n, 1, -1)
+                 for t in (cos, sin))  # [k*n, 1, hd] per row
+    out = decoder_layer(layer_weights(layer), h.reshape(k * n, d), rope, attend, ops, fold_rows)
+    return out.view(k, n, d), len(plans["attn"][0]), len(plans["ffn"][0])
 
 
 def check_fold_args(blocks: torch.Tensor,  # [k, block_size]
@@ -107,6 +104,7 @@ def folded_forward(
     stats: FoldStats | None = None,
     ffn_gate: str = "own",
     gate_fn: GateFn = gate,
+    ops: Ops | None = None,
 ) -> torch.Tensor:  # [k, block_size, vocab] fp32 logits (one NFE)
     """Score the branches like `runner.forward(empty, blocks)` with folding; caches nothing."""
     delta = check_fold_args(blocks, parents, delta, ffn_gate)
@@ -125,7 +123,7 @@ def folded_forward(
     for i, layer in enumerate(base.layers):
         keys, values = _cache_kv(runner, i)
         h, qkv_rows, ffn_rows = folded_layer(layer, h, par, keys, values, cos, sin, delta,
-                                             ffn_gate, gate_fn)
+                                             ffn_gate, gate_fn, ops)
         if stats is not None:
             stats.add_layer(i, qkv_rows, ffn_rows, runner.cached)
     logits = runner.model.lm_head(base.norm(h)).float()

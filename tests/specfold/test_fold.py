@@ -5,6 +5,8 @@ smallest delta; bad input."""
 
 import pytest
 import torch
+from specdec_kernels.qwen3 import Ops
+from torch.nn import functional as F
 
 from specfold_plugin.cli import main as specfold_main
 from specfold_plugin.fold import folded_forward
@@ -92,27 +94,27 @@ def test_folded_rows_skip_qkv_and_ffn(dllm):  # noqa: F811
     blocks = branch_batch(spec, gen, parents)
     runner = BlockDiffusionRunner(model, spec)
     runner.forward(torch.randint(3, 16000, (spec.block_size,), generator=gen), blocks[:1])
-    seen = {"q": [], "k": [], "v": [], "up": [], "o": []}
     layers = model.model.layers
-    hooks = []
-    for name, mods in (("q", [m.self_attn.q_proj for m in layers]),
-                       ("k", [m.self_attn.k_proj for m in layers]),
-                       ("v", [m.self_attn.v_proj for m in layers]),
-                       ("up", [m.mlp.up_proj for m in layers]),
-                       ("o", [m.self_attn.o_proj for m in layers])):
-        for mod in mods:
-            hooks.append(mod.register_forward_hook(
-                lambda _m, args, _o, name=name: seen[name].append(args[0].reshape(
-                    -1, args[0].shape[-1]).shape[0])))
-    try:
-        stats = FoldStats(len(layers))
-        folded_forward(runner, blocks, parents, 0.3, stats)
-    finally:
-        for h in hooks:
-            h.remove()
+    seen = {"qkv": [], "gate_up": [], "o": []}
+
+    def linear(x, w, b=None):  # the layer's matmul hook: rows through each projection
+        for m in layers:  # parameters are views of the fused matrices: match by address
+            a = m.self_attn
+            qkv = a.q_proj.out_features + a.k_proj.out_features + a.v_proj.out_features
+            gate_up = 2 * m.mlp.up_proj.out_features
+            for name, p, out in (("qkv", a.q_proj.weight, qkv),
+                                 ("gate_up", m.mlp.gate_proj.weight, gate_up),
+                                 ("o", a.o_proj.weight, a.o_proj.out_features)):
+                if w.data_ptr() == p.data_ptr():
+                    assert w.shape[0] == out  # q, k and v (gate and up) in one matmul
+                    seen[name].append(x.reshape(-1, x.shape[-1]).shape[0])
+        return F.linear(x, w, b)
+
+    stats = FoldStats(len(layers))
+    folded_forward(runner, blocks, parents, 0.3, stats, ops=Ops(linear=linear))
     total = len(parents) * spec.block_size
-    assert seen["q"] == seen["k"] == seen["v"] == stats.qkv_rows
-    assert seen["up"] == stats.ffn_rows
+    assert seen["qkv"] == stats.qkv_rows
+    assert seen["gate_up"] == stats.ffn_rows
     assert seen["o"] == [total] * len(layers)  # o_proj runs on every row
     assert sum(stats.qkv_rows) < total * len(layers) and sum(stats.ffn_rows) < total * len(layers)
     assert min(stats.qkv_rows) >= spec.block_size  # the root is always recomputed
