@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import ConfigError, require, validated
 
@@ -44,34 +44,27 @@ class DFlashConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    block_size: int
-    num_target_layers: int
+    block_size: int = Field(ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE)
+    num_target_layers: int = Field(ge=1)
     mask_token_id: int
     target_layer_ids: tuple[int, ...]
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1_000_000.0
-    vocab_size: int
-    max_position_embeddings: int = 40960
+    hidden_size: int = Field(ge=1)
+    num_hidden_layers: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1)
+    num_key_value_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    intermediate_size: int = Field(ge=1)
+    rms_norm_eps: float = Field(1e-6, gt=0)
+    rope_theta: float = Field(1_000_000.0, gt=0)
+    vocab_size: int = Field(ge=1)
+    max_position_embeddings: int = Field(40960, ge=1)
     hidden_act: str = "silu"
     attention_bias: bool = False
     extra: dict[str, Any] = {}
 
     @model_validator(mode="after")
     def _check(self) -> DFlashConfig:
-        bs = self.block_size
-        require(MIN_BLOCK_SIZE <= bs <= MAX_BLOCK_SIZE, "block_size",
-                f"must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {bs}")
-        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
-                     "num_target_layers", "max_position_embeddings"):
-            value = getattr(self, name)
-            require(value >= 1, name, f"must be >= 1, got {value}")
+        """The checks across fields (single-field ranges are the `Field` bounds above)."""
         require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
                 f"must divide num_attention_heads={self.num_attention_heads}, "
                 f"got {self.num_key_value_heads}")
@@ -83,8 +76,6 @@ class DFlashConfig(BaseModel):
         for lid in self.target_layer_ids:
             require(0 <= lid < self.num_target_layers, "dflash_config.target_layer_ids",
                     f"id {lid} is outside [0, num_target_layers={self.num_target_layers})")
-        require(self.rms_norm_eps > 0, "rms_norm_eps", f"must be > 0, got {self.rms_norm_eps}")
-        require(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
         require(self.hidden_act == "silu", "hidden_act", f"only 'silu' is supported, got "
                 f"{self.hidden_act!r}")
         return self

@@ -7,25 +7,33 @@ reproduces exactly the target's transformed distribution.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from specdec_kernels.sampling import top_k_filter, top_p_filter
 
-from .errors import require
+from .errors import config_error
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 disables top-k
+class SamplingParams(BaseModel):
+    """Validated on construction: a bad value raises `ConfigError` naming the field, the value
+    and the allowed range. Positional arguments in field order, as before."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)  # 0 disables top-k
     seed: int | None = None
 
-    def __post_init__(self):
-        require(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
-        require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
-        require(self.top_k >= 0, "top_k", f"must be >= 0 (0 disables it), got {self.top_k}")
+    def __init__(self, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                 seed: int | None = None, **extra: Any):
+        try:
+            super().__init__(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                             **extra)
+        except ValidationError as err:
+            raise config_error(type(self), err) from None
 
     @property
     def greedy(self) -> bool:

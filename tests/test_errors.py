@@ -28,3 +28,47 @@ def test_require_names_the_field():
 
 def test_one_default_delta():
     assert specfold_sglang.DEFAULT_DELTA is specfold.DEFAULT_DELTA
+
+
+def _bad(model, **fields) -> str:
+    try:
+        dflash_errors.validated(model, **fields)
+    except base.ConfigError as err:
+        return str(err)
+    raise AssertionError(f"{model.__name__}({fields}) was accepted")
+
+
+def test_pydantic_errors_name_field_value_and_range():
+    from pydantic import BaseModel, ConfigDict, Field
+
+    from dflash_plugin.sampling import SamplingParams
+    from dflash_plugin.training.trainer import TrainConfig
+
+    class M(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        n: int = Field(1, ge=1)
+        p: float = Field(1.0, gt=0, le=1)
+        t: float = Field(0.0, ge=0)
+        k: int = Field(5, lt=10)
+
+    cases = [  # (fields, message): one row per kind of error
+        ({"n": 0}, "n: must be >= 1, got 0"),
+        ({"p": 0}, "p: must be in (0, 1], got 0"),
+        ({"p": 1.5}, "p: must be in (0, 1], got 1.5"),
+        ({"t": -0.5}, "t: must be >= 0, got -0.5"),
+        ({"k": 10}, "k: must be < 10, got 10"),
+        ({"n": "two"}, "n: must be an integer >= 1, got 'two'"),
+        ({"p": "x"}, "p: must be a number in (0, 1], got 'x'"),
+        ({"nn": 1, "a": 2}, "M: unknown keys ['a', 'nn']; allowed: ['k', 'n', 'p', 't']"),
+    ]
+    for fields, message in cases:
+        assert _bad(M, **fields) == message
+    assert _bad(TrainConfig, data=["d"], out="o", warmup_steps=-1) == (
+        "warmup_steps: must be >= 0, got -1")
+    assert "unknown keys ['lr_max']" in _bad(TrainConfig, data=["d"], out="o", lr_max=1.0)
+    try:  # SamplingParams validates on construction, without `validated`
+        SamplingParams(0.7, 1.5)
+    except base.ConfigError as err:
+        assert (err.field, str(err)) == ("top_p", "top_p: must be in (0, 1], got 1.5")
+    else:
+        raise AssertionError("SamplingParams(top_p=1.5) was accepted")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from ..checkpoint import (
@@ -27,7 +27,6 @@ from ..checkpoint import (
     save_drafter,
 )
 from ..config import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
-from ..errors import require
 from ..layers import compile_pointwise
 from ..model import DFlashDraftModel
 from ..target import context_features
@@ -59,29 +58,34 @@ def lr_scheduler(opt: torch.optim.Optimizer, warmup: int, max_steps: int, min_ra
 
 
 class TrainConfig(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    """The training recipe's options (CLI `dflash train`); build with `errors.validated` for a
+    `ConfigError` naming the field, its value and the allowed range."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     data: list[str]
     out: str
-    num_layers: int = 1
-    block_size: int = 16
-    gamma: float = 7.0
-    num_anchors: int = 64
-    max_seq_len: int = 2048
-    batch_size: int = 8  # sequences per micro-step
-    grad_accum: int = 1
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
-    max_steps: int = 1000
-    time_budget_minutes: float | None = None  # wall-clock budget; re-plans max_steps as it runs
-    steps_this_run: int | None = None  # stop early, resumable; the schedule spans max_steps
-    weight_decay: float = 0.01
-    clip: float = 1.0
+    num_layers: int = Field(1, ge=1)
+    block_size: int = Field(16, ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE)
+    gamma: float = Field(7.0, gt=0)
+    num_anchors: int = Field(64, ge=1)
+    max_seq_len: int = Field(2048, ge=1)
+    batch_size: int = Field(8, ge=1)  # sequences per micro-step
+    grad_accum: int = Field(1, ge=1)
+    lr: float = Field(6e-4, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    warmup_steps: int = Field(50, ge=0)
+    max_steps: int = Field(1000, ge=1)
+    # wall-clock budget; re-plans max_steps as it runs
+    time_budget_minutes: float | None = Field(None, gt=0)
+    # stop early, resumable; the schedule spans max_steps
+    steps_this_run: int | None = Field(None, ge=1)
+    weight_decay: float = Field(0.01, ge=0)
+    clip: float = Field(1.0, gt=0)
     seed: int = 0
-    save_every: int = 500
-    log_every: int = 10
-    mask_token_id: int | None = None
+    save_every: int = Field(500, ge=1)
+    log_every: int = Field(10, ge=1)
+    mask_token_id: int | None = Field(None, ge=0)
     init_from_target: bool = False  # copy the target's top layers into the draft layers
     init_from: str | None = None  # start from an existing z-lab drafter (its config wins)
     # How all blocks of a row share one forward: "expand" gives each block its own copy of the
@@ -90,25 +94,6 @@ class TrainConfig(BaseModel):
     packed_attention: Literal["expand", "dense"] = "expand"
     # torch.compile the drafter's elementwise pieces (RMSNorm, RoPE, SiLU x up) for this run
     compile: bool = False
-
-    @field_validator("gamma")
-    @classmethod
-    def _gamma(cls, v):
-        require(v > 0, "gamma", f"must be > 0, got {v}")
-        return v
-
-    @field_validator("block_size")
-    @classmethod
-    def _block(cls, v):
-        require(MIN_BLOCK_SIZE <= v <= MAX_BLOCK_SIZE, "block_size",
-                f"must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {v}")
-        return v
-
-    @field_validator("num_layers", "num_anchors", "batch_size", "grad_accum", "max_steps")
-    @classmethod
-    def _positive(cls, v, info):
-        require(v >= 1, info.field_name, f"must be >= 1, got {v}")
-        return v
 
 
 def copy_target_layers(drafter: DFlashDraftModel, target) -> None:
