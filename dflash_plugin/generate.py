@@ -9,6 +9,7 @@ differ in prompt length, accepted length and finish time; finished rows leave th
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -74,37 +75,12 @@ def speculative_generate(
     if _use_fast(fast, device, target, proposer, params, stop_token_ids):
         return _fast_generate(target, proposer, prompts, block_size, max_new_tokens,
                               stop_token_ids, graphs=device.type == "cuda")
-    gen = torch.Generator(device=device)
-    gen.manual_seed(params.seed if params.seed is not None else torch.seed())
-    stops = set(stop_token_ids)
-    agg = AggregateMetrics([RequestMetrics(prompt_tokens=len(p)) for p in prompts])
-    out: list[list[int]] = [[] for _ in prompts]
-    t_start = time.perf_counter()
-
-    runner = TargetRunner(target, proposer.layer_ids)
-    ids, valid = _left_pad(prompts, getattr(cfg, "pad_token_id", None) or 0, device)
-    logits, feats = runner.prefill(ids, valid)
-    first = pick_tokens(logits[:, -1], params, gen)  # [batch]
-    proposer.start(runner, ids, feats, (valid.long().cumsum(-1) - 1).clamp_min(0), valid)
-    _sync(device)
-    agg.prefill_seconds = time.perf_counter() - t_start
-
-    rows = list(range(len(prompts)))  # request index of each live batch row
-    anchor = first
-    anchor_pos = torch.tensor([len(p) for p in prompts], device=device)
-    for r, tok in zip(rows, first.tolist()):
-        out[r].append(tok)
-
+    lp = start_loop(target, proposer, prompts, params, stop_token_ids)
+    runner, gen, stops, agg, out, t_start = lp.runner, lp.gen, lp.stops, lp.agg, lp.out, lp.t_start
     while True:
-        done = _finished_rows(out, rows, stops, max_new_tokens, agg)
-        if done:
-            keep = torch.tensor([i for i in range(len(rows)) if i not in done], device=device)
-            if keep.numel() == 0:
-                break
-            rows = [rows[i] for i in keep.tolist()]
-            runner.select_rows(keep)
-            proposer.select_rows(keep)
-            anchor, anchor_pos = anchor[keep], anchor_pos[keep]
+        if not lp.drop_finished(max_new_tokens):
+            break
+        rows, anchor, anchor_pos = lp.rows, lp.anchor, lp.anchor_pos
         remaining = [max_new_tokens - len(out[r]) for r in rows]
         # Same rule as the z-lab loop: draft up to the tokens still needed (the bonus may then be
         # cut); the drafter sees the block length, so this choice changes its proposals.
@@ -130,14 +106,69 @@ def speculative_generate(
         runner.commit(keep_slots)
         proposer.observe(block, feats, positions, keep_slots)
         last = produced_t - 1
-        anchor = new_tokens.gather(1, last[:, None])[:, 0]
-        anchor_pos = anchor_pos + produced_t
+        lp.anchor = new_tokens.gather(1, last[:, None])[:, 0]
+        lp.anchor_pos = anchor_pos + produced_t
         _sync(device)
         agg.draft_seconds += t1 - t0
         agg.verify_seconds += time.perf_counter() - t1
 
     agg.total_seconds = time.perf_counter() - t_start
     return GenerationResult(tokens=out, metrics=agg)
+
+
+@dataclass
+class Loop:
+    """What the reference loops (linear and tree) share after prefill: the target runner, the
+    live rows (`rows`: request index of each batch row) with their anchor token and position,
+    outputs, metrics, the random stream and the stop set."""
+
+    runner: TargetRunner
+    proposer: Proposer
+    gen: torch.Generator
+    stops: set[int]
+    agg: AggregateMetrics
+    out: list[list[int]]
+    rows: list[int]
+    anchor: torch.Tensor  # [rows] long
+    anchor_pos: torch.Tensor  # [rows] long
+    t_start: float
+
+    def drop_finished(self, max_new_tokens: int) -> bool:
+        """Remove finished rows from both caches; False when no row is left."""
+        done = _finished_rows(self.out, self.rows, self.stops, max_new_tokens, self.agg)
+        if not done:
+            return True
+        keep = torch.tensor([i for i in range(len(self.rows)) if i not in done],
+                            device=self.anchor.device)
+        if keep.numel() == 0:
+            return False
+        self.rows = [self.rows[i] for i in keep.tolist()]
+        self.runner.select_rows(keep)
+        self.proposer.select_rows(keep)
+        self.anchor, self.anchor_pos = self.anchor[keep], self.anchor_pos[keep]
+        return True
+
+
+def start_loop(target, proposer: Proposer, prompts: list[list[int]], params: SamplingParams,
+               stop_token_ids: tuple[int, ...]) -> Loop:
+    """Prefill every prompt (left-padded), pick each row's first token, start the proposer."""
+    device = target.get_input_embeddings().weight.device
+    gen = torch.Generator(device=device)
+    gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+    agg = AggregateMetrics([RequestMetrics(prompt_tokens=len(p)) for p in prompts])
+    out: list[list[int]] = [[] for _ in prompts]
+    t_start = time.perf_counter()
+    runner = TargetRunner(target, proposer.layer_ids)
+    ids, valid = _left_pad(prompts, getattr(target.config, "pad_token_id", None) or 0, device)
+    logits, feats = runner.prefill(ids, valid)
+    first = pick_tokens(logits[:, -1], params, gen)  # [batch]
+    proposer.start(runner, ids, feats, (valid.long().cumsum(-1) - 1).clamp_min(0), valid)
+    _sync(device)
+    agg.prefill_seconds = time.perf_counter() - t_start
+    for r, tok in enumerate(first.tolist()):
+        out[r].append(tok)
+    return Loop(runner, proposer, gen, set(stop_token_ids), agg, out, list(range(len(prompts))),
+                first, torch.tensor([len(p) for p in prompts], device=device), t_start)
 
 
 def _use_fast(fast, device, target, proposer, params, stops) -> bool:

@@ -15,10 +15,9 @@ import time
 import torch
 
 from .errors import require
-from .generate import _commit_tokens, _finished_rows, _left_pad, _sync, validate_request
-from .metrics import AggregateMetrics, GenerationResult, RequestMetrics
-from .sampling import SamplingParams, pick_tokens, sample_from, sampling_probs
-from .target import TargetRunner
+from .generate import _commit_tokens, _sync, start_loop, validate_request
+from .metrics import GenerationResult
+from .sampling import SamplingParams, sample_from, sampling_probs
 from .tree import build_tree, capacity, tree_mask, walk_tree
 
 
@@ -45,38 +44,13 @@ def tree_generate(
     require(hasattr(proposer, "draft_logits"), "proposer",
             "tree drafting needs per-position draft distributions (the DFlash drafter)")
     device = target.get_input_embeddings().weight.device
-    gen = torch.Generator(device=device)
-    gen.manual_seed(params.seed if params.seed is not None else torch.seed())
-    stops = set(stop_token_ids)
-    agg = AggregateMetrics([RequestMetrics(prompt_tokens=len(p)) for p in prompts])
+    lp = start_loop(target, proposer, prompts, params, stop_token_ids)
+    runner, gen, stops, agg, out, t_start = lp.runner, lp.gen, lp.stops, lp.agg, lp.out, lp.t_start
     agg.tree = {"nodes_verified": 0, "build_seconds": 0.0, "accepted_depths": {}}  # metrics.py
-    out: list[list[int]] = [[] for _ in prompts]
-    t_start = time.perf_counter()
-
-    runner = TargetRunner(target, proposer.layer_ids)
-    ids, valid = _left_pad(prompts, getattr(cfg, "pad_token_id", None) or 0, device)
-    logits, feats = runner.prefill(ids, valid)
-    first = pick_tokens(logits[:, -1], params, gen)  # [batch]
-    proposer.start(runner, ids, feats, (valid.long().cumsum(-1) - 1).clamp_min(0), valid)
-    _sync(device)
-    agg.prefill_seconds = time.perf_counter() - t_start
-
-    rows = list(range(len(prompts)))
-    anchor = first
-    anchor_pos = torch.tensor([len(p) for p in prompts], device=device)
-    for r, tok in zip(rows, first.tolist()):
-        out[r].append(tok)
-
     while True:
-        done = _finished_rows(out, rows, stops, max_new_tokens, agg)
-        if done:
-            keep = torch.tensor([i for i in range(len(rows)) if i not in done], device=device)
-            if keep.numel() == 0:
-                break
-            rows = [rows[i] for i in keep.tolist()]
-            runner.select_rows(keep)
-            proposer.select_rows(keep)
-            anchor, anchor_pos = anchor[keep], anchor_pos[keep]
+        if not lp.drop_finished(max_new_tokens):
+            break
+        rows, anchor, anchor_pos = lp.rows, lp.anchor, lp.anchor_pos
         remaining = [max_new_tokens - len(out[r]) for r in rows]
         g = min(block_size - 1, max(remaining))  # the linear loop's rule (generate.py)
         n = min(tree_budget, capacity(g, tree_topk))
@@ -115,9 +89,9 @@ def tree_generate(
         keep_slots = keep_slots.to(device)
         runner.commit(keep_slots)
         proposer.observe(block, feats, positions, keep_slots)
-        anchor = torch.tensor([toks[p - 1] for toks, p in zip(new_tokens, produced)],
-                              device=device)
-        anchor_pos = anchor_pos + torch.tensor(produced, device=device)
+        lp.anchor = torch.tensor([toks[p - 1] for toks, p in zip(new_tokens, produced)],
+                                 device=device)
+        lp.anchor_pos = anchor_pos + torch.tensor(produced, device=device)
         _sync(device)
         agg.draft_seconds += t1 - t0
         agg.verify_seconds += time.perf_counter() - t1
