@@ -25,14 +25,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-def norm_rope(x, weight, eps, cos, sin):  # x [..., heads, head_dim]; weight [heads|1, head_dim]
-    return apply_rope(rms_norm(x, weight, eps), cos, sin)
+def norm_rope(x, weight, eps, cos, sin, norm: Callable = rms_norm):
+    """RoPE of the normed q/k: x [..., heads, head_dim]; weight [heads|1, head_dim]. `norm`: the
+    RMSNorm to use (a batch-invariant kernel binds it with functools.partial)."""
+    return apply_rope(norm(x, weight, eps), cos, sin)
 
 
-def add_norm(h, delta, weight, eps):  # [..., hidden] twice
-    """(h + delta, rms_norm(h + delta)): the residual add and the next norm."""
+def add_norm(h, delta, weight, eps, norm: Callable = rms_norm):  # [..., hidden] twice
+    """(h + delta, norm(h + delta)): the residual add and the next norm."""
     h = h + delta
-    return h, rms_norm(h, weight, eps)
+    return h, norm(h, weight, eps)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2 * inter] -> [..., inter]

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 
 import torch
-from specdec_kernels.qwen3 import EAGER, Ops
-from specdec_kernels.rope import apply_rope
+from specdec_kernels.qwen3 import EAGER, Ops, add_norm, norm_rope
 from torch.nn import functional as F
 
 from ..errors import ConfigError, require
@@ -287,15 +287,9 @@ def invariant_ops(device: torch.device) -> Ops:
         from specdec_kernels.norm import invariant_rms_norm
     except ImportError as err:
         raise ConfigError("invariant", f"needs Triton and `specdec_kernels`: {err}") from None
-
-    def norm_rope(x, weight, eps, cos, sin):  # x [..., heads, head_dim]
-        return apply_rope(invariant_rms_norm(x, weight, eps), cos, sin)
-
-    def add_norm(h, delta, weight, eps):  # [..., hidden] twice
-        h = h + delta
-        return h, invariant_rms_norm(h, weight, eps)
-    return Ops(linear=invariant_linear, rms_norm=invariant_rms_norm, norm_rope=norm_rope,
-               add_norm=add_norm, swiglu=EAGER.swiglu)
+    return Ops(linear=invariant_linear, rms_norm=invariant_rms_norm,
+               norm_rope=partial(norm_rope, norm=invariant_rms_norm),
+               add_norm=partial(add_norm, norm=invariant_rms_norm), swiglu=EAGER.swiglu)
 
 
 def _event(device):
