@@ -74,10 +74,11 @@ def block_counts(log: Path, start: int) -> dict:
     """Sums of the algorithm's per-block log lines written after byte `start` of the log."""
     text = log.read_bytes()[start:].decode(errors="replace") if log.exists() else ""
     blocks = BLOCK.findall(text)
-    forwards = sum(int(b[2]) for b in blocks)
+    if not blocks:  # no log lines (LowConfidence logs none; INFO records may not be printed)
+        return {"blocks": None, "forwards": None, "steps": None, "one_step_forwards": None}
     steps = sum(int(b[3]) for b in blocks)
-    return {"blocks": len(blocks), "forwards": forwards, "steps": steps,
-            "one_step_forwards": steps + len(blocks) if blocks else None}
+    return {"blocks": len(blocks), "forwards": sum(int(b[2]) for b in blocks), "steps": steps,
+            "one_step_forwards": steps + len(blocks)}
 
 
 def cmd_run(args) -> None:
