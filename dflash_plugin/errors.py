@@ -1,75 +1,8 @@
-"""Errors raised on bad user input: `ConfigError` and `require` (defined once, in
-`specdec_kernels.errors`), and the pydantic side of the same contract: `config_error` turns a
-`ValidationError` of a config model into a `ConfigError` naming the field, the value and the
-allowed range (read from the field's `Field(ge=, gt=, le=, lt=)` bounds); `validated` builds a
-model that way."""
+"""Errors raised on bad user input: `ConfigError`, `require` and the pydantic converters
+`config_error` / `validated`, all defined once in `specdec_kernels.errors`."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from specdec_kernels.errors import ConfigError, require
+from specdec_kernels.errors import ConfigError, config_error, require, validated
 
 __all__ = ["ConfigError", "config_error", "require", "validated"]
-
-
-_KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "string": "a string"}
-
-
-def allowed_range(model_cls: Any, name: str) -> str | None:
-    """The range a field's bounds allow, as messages write it: "in (0, 1]", ">= 1", or None."""
-    info = getattr(model_cls, "model_fields", {}).get(name)
-    lo = hi = None
-    for m in getattr(info, "metadata", ()):
-        if getattr(m, "ge", None) is not None:
-            lo = ("[", ">=", m.ge)
-        elif getattr(m, "gt", None) is not None:
-            lo = ("(", ">", m.gt)
-        elif getattr(m, "le", None) is not None:
-            hi = ("]", "<=", m.le)
-        elif getattr(m, "lt", None) is not None:
-            hi = (")", "<", m.lt)
-    if lo and hi:
-        return f"in {lo[0]}{lo[2]}, {hi[2]}{hi[0]}"
-    if lo or hi:
-        b = lo or hi
-        return f"{b[1]} {b[2]}"
-    return None
-
-
-def config_error(model_cls: Any, err: Any, prefix: str = "") -> ConfigError:
-    """A pydantic `ValidationError` of `model_cls` as a `ConfigError`: the field (`prefix` +
-    its name), the value it got and the allowed range or type; a `ConfigError` raised inside a
-    validator passes through; unknown fields (`extra="forbid"`) are listed with the allowed
-    ones."""
-    errors = err.errors()
-    inner = (errors[0].get("ctx") or {}).get("error")
-    if isinstance(inner, ConfigError):
-        return inner
-    extra = [str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden"]
-    if extra:
-        allowed = sorted(getattr(model_cls, "model_fields", {}))
-        return ConfigError(prefix.rstrip(": .") or model_cls.__name__,
-                           f"unknown keys {sorted(extra)}; allowed: {allowed}")
-    first = errors[0]
-    loc = first["loc"]
-    field = prefix + (".".join(str(p) for p in loc) or model_cls.__name__)
-    value = first.get("input")
-    if first["type"] == "missing":
-        return ConfigError(field, "required")
-    rng = allowed_range(model_cls, loc[0]) if len(loc) == 1 else None
-    kind = next((k for t, k in _KINDS.items() if first["type"].startswith(t)), None)
-    if rng is not None or kind is not None:
-        what = " ".join(w for w in (kind, rng) if w)
-        return ConfigError(field, f"must be {what}, got {value!r}")
-    return ConfigError(field, f"{first['msg']} (got {value!r})")
-
-
-def validated(model_cls: Any, prefix: str = "", **fields: Any) -> Any:
-    """Construct a pydantic model; its errors become a `ConfigError` naming the field."""
-    from pydantic import ValidationError
-
-    try:
-        return model_cls(**fields)
-    except ValidationError as err:
-        raise config_error(model_cls, err, prefix) from None

@@ -1,13 +1,14 @@
-"""Errors raised on bad user input: `ConfigError` and `require` (defined once, in
-`specdec_kernels.errors`), and `run_command`, which turns one into a CLI message."""
+"""Errors raised on bad user input: `ConfigError`, `require`, `config_error`, `validated`
+(defined once, in `specdec_kernels.errors`), and `run_command`, which turns one into a CLI
+message."""
 
 from __future__ import annotations
 
 import sys
 
-from specdec_kernels.errors import ConfigError, require
+from specdec_kernels.errors import ConfigError, config_error, require, validated
 
-__all__ = ["ConfigError", "require", "run_command"]
+__all__ = ["ConfigError", "config_error", "require", "run_command", "validated"]
 
 
 def run_command(args) -> int:

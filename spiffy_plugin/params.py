@@ -8,26 +8,33 @@ one). Tokens are the argmax (temperature 0) or sampled (temperature, top-p).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any
 
-from .errors import require
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import config_error
 
 
-@dataclass(frozen=True)
-class DecodeParams:
-    unmask_per_step: int = 1  # S, vanilla decoding
-    threshold: float | None = None  # tau in (0, 1]: threshold decoding instead of vanilla
-    temperature: float = 0.0
-    top_p: float = 1.0
+class DecodeParams(BaseModel):
+    """Validated on construction: a bad value raises `ConfigError` naming the field, the value
+    and the allowed range. Frozen (hashable); `with_(**changes)` is a validated copy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    unmask_per_step: int = Field(1, ge=1)  # S, vanilla decoding
+    threshold: float | None = Field(None, gt=0, le=1)  # tau: threshold decoding instead
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
     seed: int | None = None
 
-    def __post_init__(self):
-        require(self.unmask_per_step >= 1, "unmask_per_step",
-                f"must be >= 1, got {self.unmask_per_step}")
-        require(self.threshold is None or 0 < self.threshold <= 1, "threshold",
-                f"must be in (0, 1], got {self.threshold}")
-        require(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
-        require(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+    def __init__(self, **fields: Any):
+        try:
+            super().__init__(**fields)
+        except ValidationError as err:
+            raise config_error(type(self), err) from None
+
+    def with_(self, **changes: Any) -> DecodeParams:
+        return DecodeParams(**{**self.model_dump(), **changes})
 
     @property
     def greedy(self) -> bool:

@@ -13,6 +13,8 @@ def test_one_config_error_class():
     assert dflash_errors.ConfigError is base.ConfigError
     assert spiffy_errors.ConfigError is base.ConfigError
     assert dflash_errors.require is spiffy_errors.require is base.require
+    assert dflash_errors.config_error is spiffy_errors.config_error is base.config_error
+    assert dflash_errors.validated is spiffy_errors.validated is base.validated
 
 
 def test_require_names_the_field():

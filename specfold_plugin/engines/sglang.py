@@ -14,12 +14,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field
+
 from spiffy_plugin.engines.sglang import (
     ALGORITHMS,
-    FIELD,
     SpiffyConfig,
-    parse_spiffy_config,
+    SpiffyYaml,
+    read_yaml,
     register_dllm_algorithm,
+    spiffy_config,
 )
 from spiffy_plugin.engines.versions import (
     LEGACY_SPECFOLD,
@@ -28,7 +31,6 @@ from spiffy_plugin.engines.versions import (
     installed,
     sglang_at_least,
 )
-from spiffy_plugin.errors import require
 
 from ..specfold import DEFAULT_DELTA
 
@@ -41,13 +43,14 @@ class SpecFoldConfig:
     delta: float
 
 
+class SpecFoldYaml(SpiffyYaml):
+    delta: float = Field(DEFAULT_DELTA, ge=0)  # the fold threshold
+
+
 def parse_specfold_config(raw: Any, *, block_size: int, mask_id: int) -> SpecFoldConfig:
-    cfg = parse_spiffy_config(raw, block_size=block_size, mask_id=mask_id,
-                              extra_keys=frozenset({"delta"}))
-    delta = raw.get("delta", DEFAULT_DELTA)
-    ok = isinstance(delta, (int, float)) and not isinstance(delta, bool) and delta >= 0
-    require(ok, f"{FIELD}: delta", f"the fold threshold must be a number >= 0, got {delta!r}")
-    return SpecFoldConfig(cfg, float(delta))
+    """Spiffy's config plus `delta`; a `ConfigError` naming the key and range."""
+    y = read_yaml(raw, SpecFoldYaml)
+    return SpecFoldConfig(spiffy_config(y, block_size=block_size, mask_id=mask_id), y.delta)
 
 
 def register() -> None:

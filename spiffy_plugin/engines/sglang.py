@@ -9,23 +9,19 @@ configs and registers the algorithms; the acceptance rule is `sglang_drafts.py`,
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import ConfigError, require
+from ..errors import ConfigError, require, validated
 from ..graph import DraftGraph, load_graph
 from ..params import DecodeParams
 
 FIELD = "--dllm-algorithm-config"
-# Keys SGLang itself reads from the same YAML (dllm/config.py, algorithm base).
-SGLANG_KEYS = frozenset({"block_size", "capture_input_preparation"})
-SPIFFY_KEYS = frozenset({"graph", "budget", "keep", "threshold", "unmask_per_step",
-                         "eos_token_id", "banned_token_ids", "max_running_requests", "seed"})
 # SGLang stores temperature 0 as temperature 1 with top_k 1, and "no top_k" as 1 << 30.
 TOP_K_ALL = 1 << 30
 
@@ -59,54 +55,62 @@ class SpiffyConfig:
         return len(self.graph.nodes)
 
 
-def _int(raw: dict, key: str, lo: int, hi: int | None = None) -> int | None:
-    v = raw.get(key)
-    if v is None:
-        return None
-    ok = isinstance(v, int) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
-    rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-    require(ok, f"{FIELD}: {key}", f"must be an integer {rng}, got {v!r}")
-    return v
+class SpiffyYaml(BaseModel):
+    """The keys of a Spiffy `--dllm-algorithm-config` YAML (types and ranges that need no graph;
+    `spiffy_config` checks the rest against the graph file)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    graph: str | None = None  # the calibrated draft graph file (`spiffy calibrate --out`)
+    budget: int | None = Field(None, ge=1)  # D, must equal the graph's node count
+    keep: int | None = None  # D*, in [1, D]
+    threshold: float | None = None  # must be the graph's rule
+    unmask_per_step: int | None = Field(None, ge=1)  # must be the graph's rule
+    eos_token_id: int | None = Field(None, ge=0)
+    banned_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    max_running_requests: int | None = Field(None, ge=1)  # applied by `_apply_dllm_defaults`
+    seed: int = Field(0, ge=0)
+    block_size: Any = None  # SGLang's own keys (dllm/config.py, algorithm base)
+    capture_input_preparation: Any = None
 
 
-def parse_spiffy_config(raw: Any, *, block_size: int, mask_id: int,
-                        extra_keys: frozenset[str] = frozenset()) -> SpiffyConfig:
-    """Validate an algorithm config mapping; raise `ConfigError` naming the key and range."""
+def read_yaml(raw: Any, schema: type[SpiffyYaml] = SpiffyYaml) -> SpiffyYaml:
+    """The YAML mapping validated by `schema` (a `ConfigError` naming the key and range)."""
     require(isinstance(raw, dict), FIELD, f"must be a YAML mapping, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - SPIFFY_KEYS - SGLANG_KEYS - extra_keys)
-    allowed = sorted(SPIFFY_KEYS | SGLANG_KEYS | extra_keys)
-    require(not unknown, FIELD, f"unknown keys {unknown}; allowed: {allowed}")
-    require(raw.get("graph") is not None, f"{FIELD}: graph",
+    return validated(schema, f"{FIELD}: ", **raw)
+
+
+def spiffy_config(y: SpiffyYaml, *, block_size: int, mask_id: int) -> SpiffyConfig:
+    """The checks against the graph file, and the config they give."""
+    require(y.graph is not None, f"{FIELD}: graph",
             "required: the calibrated draft graph file (`spiffy calibrate --out`)")
-    require(isinstance(raw["graph"], str), f"{FIELD}: graph",
-            f"must be a path, got {raw['graph']!r}")
-    graph = load_graph(Path(raw["graph"]).expanduser())
+    graph = load_graph(Path(y.graph).expanduser())
     d = len(graph.nodes)
     require(d >= 1, f"{FIELD}: graph", "the graph has no nodes")
     require(graph.block_size == block_size, f"{FIELD}: block_size",
             f"the graph was calibrated for blocks of {graph.block_size}, SGLang's dLLM block "
             f"size is {block_size} (set block_size: {graph.block_size} in the YAML)")
-    budget = _int(raw, "budget", 1)
-    require(budget is None or budget == d, f"{FIELD}: budget",
-            f"D={budget} but the graph file holds {d} nodes")
-    keep = _int(raw, "keep", 1, d)
+    require(y.budget is None or y.budget == d, f"{FIELD}: budget",
+            f"D={y.budget} but the graph file holds {d} nodes")
+    require(y.keep is None or 1 <= y.keep <= d, f"{FIELD}: keep",
+            f"must be an integer [1, {d}], got {y.keep}")
     params = rule_params(graph.rule)
-    s = _int(raw, "unmask_per_step", 1)
+    s = y.unmask_per_step
     if s is not None:
         require(params.threshold is None and s == params.unmask_per_step,
                 f"{FIELD}: unmask_per_step", f"{s} differs from the graph's rule {graph.rule!r}")
-    t = raw.get("threshold")
+    t = y.threshold
     if t is not None:
         require(params.threshold is not None and float(t) == params.threshold,
                 f"{FIELD}: threshold", f"{t!r} differs from the graph's rule {graph.rule!r}")
-    eos = _int(raw, "eos_token_id", 0)
-    _int(raw, "max_running_requests", 1)  # applied by `_apply_dllm_defaults`
-    banned = raw.get("banned_token_ids", [mask_id])
-    require(isinstance(banned, list) and all(isinstance(b, int) and b >= 0 for b in banned),
-            f"{FIELD}: banned_token_ids", f"must be a list of token ids, got {banned!r}")
-    seed = _int(raw, "seed", 0)
-    return SpiffyConfig(graph, raw["graph"], d if keep is None else keep, params, mask_id, eos,
-                        tuple(sorted(set(banned) | {mask_id})), 0 if seed is None else seed)
+    banned = [mask_id] if y.banned_token_ids is None else y.banned_token_ids
+    return SpiffyConfig(graph, y.graph, d if y.keep is None else y.keep, params, mask_id,
+                        y.eos_token_id, tuple(sorted(set(banned) | {mask_id})), y.seed)
+
+
+def parse_spiffy_config(raw: Any, *, block_size: int, mask_id: int) -> SpiffyConfig:
+    """Validate an algorithm config mapping; raise `ConfigError` naming the key and range."""
+    return spiffy_config(read_yaml(raw), block_size=block_size, mask_id=mask_id)
 
 
 # --- per-request sampling ---------------------------------------------------------------------
@@ -130,7 +134,7 @@ def request_params(rule: DecodeParams, temperature: float, top_p: float,
     which is how it stores temperature 0) or the temperature is 0."""
     if top_k <= 1 or temperature == 0:
         return rule
-    return dataclasses.replace(rule, temperature=float(temperature), top_p=float(top_p))
+    return rule.with_(temperature=float(temperature), top_p=float(top_p))
 
 
 def request_seed(seed: int, rid: Any) -> int:

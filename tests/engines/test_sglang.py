@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from specfold_plugin.engines.sglang import parse_specfold_config
 from spiffy_plugin.engines.sdar import convert_to_sdar
 from spiffy_plugin.engines.sglang import parse_spiffy_config
 from spiffy_plugin.errors import ConfigError
@@ -181,3 +182,11 @@ def test_config_parser_without_sglang(tmp_path):
         parse_spiffy_config(["graph"], block_size=16, mask_id=2)
     with pytest.raises(ConfigError, match="unmask_per_step: 2 differs"):
         parse_spiffy_config({"graph": str(path), "unmask_per_step": 2}, block_size=16, mask_id=2)
+    with pytest.raises(ConfigError, match="keep: must be an integer, got True"):
+        parse_spiffy_config({"graph": str(path), "keep": True}, block_size=16, mask_id=2)
+    with pytest.raises(ConfigError, match=r"eos_token_id: must be an integer >= 0, got 'a'"):
+        parse_spiffy_config({"graph": str(path), "eos_token_id": "a"}, block_size=16, mask_id=2)
+    fold = parse_specfold_config({"graph": str(path), "delta": 0.2}, block_size=16, mask_id=2)
+    assert (fold.delta, fold.spiffy.keep) == (0.2, 1)
+    with pytest.raises(ConfigError, match=r"delta: must be >= 0, got -0.1"):
+        parse_specfold_config({"graph": str(path), "delta": -0.1}, block_size=16, mask_id=2)
