@@ -6,8 +6,9 @@ nearest recomputed ancestor, *rows* = the recomputed flat rows packed densely (a
 *slot* = compact index of each row's source, so `take_rows(y_compact, slot)` scatters results back
 and hands every folded position its source's values in one pass. Requires parent[i] < i.
 Launches: gate (one program per row), resolve (parallel), compact (one program per segment =
-request: a chunked scan), slot (parallel). Nothing syncs with the host; `count` stays on the
-device (CUDA-graph friendly).
+request: a chunked scan), slot (parallel). `compact_batch`: ONE capacity for all segments (one
+program scans them in order) and a row -> segment map (SpecFold's batch-wide compaction).
+Nothing syncs with the host; `count` stays on the device (CUDA-graph friendly).
 """
 
 from __future__ import annotations
@@ -83,6 +84,32 @@ def _compact_kernel(src_ptr, rows_ptr, rank_ptr, count_ptr, S, CAP, BLOCK: tl.co
     for start in range(0, CAP, BLOCK):  # pad: disjoint from the slots written above
         i = start + tl.arange(0, BLOCK)
         tl.store(rows_ptr + out0 + i, tl.full([BLOCK], -1, tl.int32), mask=(i < CAP) & (i >= carry))
+
+
+@triton.jit
+def _compact_batch_kernel(src_ptr, rows_ptr, req_ptr, rank_ptr, count_ptr, NSEG, S, CAP,
+                          BLOCK: tl.constexpr):
+    # one program: a chunked scan of every segment in order; ranks are batch-wide
+    carry = tl.full([], 0, tl.int32)
+    for seg in range(NSEG):
+        before = carry
+        for start in range(0, S, BLOCK):
+            i = start + tl.arange(0, BLOCK)
+            ok = i < S
+            r = seg * S + i
+            s = tl.load(src_ptr + r, mask=ok, other=-1)
+            keep = (s == r) & ok
+            rank = carry + tl.cumsum(keep.to(tl.int32), 0) - 1
+            tl.store(rows_ptr + rank, r, mask=keep & (rank < CAP))
+            tl.store(req_ptr + rank, tl.zeros([BLOCK], tl.int32) + seg, mask=keep & (rank < CAP))
+            tl.store(rank_ptr + r, rank, mask=keep)
+            carry += tl.sum(keep.to(tl.int32), 0)
+        tl.store(count_ptr + seg, carry - before)
+    for start in range(0, CAP, BLOCK):  # pad: disjoint from the slots written above
+        i = start + tl.arange(0, BLOCK)
+        pad = (i < CAP) & (i >= carry)
+        tl.store(rows_ptr + i, tl.full([BLOCK], -1, tl.int32), mask=pad)
+        tl.store(req_ptr + i, tl.full([BLOCK], -1, tl.int32), mask=pad)
 
 
 @triton.jit
@@ -186,6 +213,36 @@ def compact(src: torch.Tensor, segments: int = 1, capacity: int | None = None):
     if t:
         _slot_kernel[(triton.cdiv(t, 256),)](src, rank, slot, t, per, cap, BLOCK=256)
     return rows, slot, count
+
+
+def compact_batch(src: torch.Tensor, segments: int, capacity: int):
+    """src [branches, positions] int32 -> rows [capacity] int32, slot [T] int32, count
+    [segments] int32, row_request [capacity] int32 (on the device); T = branches * positions.
+    `compact` with ONE capacity shared by the whole batch: the recomputed rows of all segments
+    (requests, equal groups of branches) go, ascending, to the first `capacity` slots (so each
+    request's rows lie next to each other), then -1; row_request names each slot's segment (-1:
+    padding). count holds the true per-segment numbers: sum(count) > capacity flags the overflow
+    (rows past the capacity dropped, slot -1 for the rows whose source was dropped)."""
+    check_tensor("src", src, 2, (torch.int32,))
+    t = src.numel()
+    if segments < 1 or src.shape[0] % segments:
+        raise ValueError(f"segments: must be >= 1 and divide the {src.shape[0]} branches, got "
+                         f"{segments}")
+    cap = int(capacity)
+    if not 0 <= cap <= t:
+        raise ValueError(f"capacity: must lie in [0, {t}] (rows of the batch), got {capacity}")
+    dev = src.device
+    rows = torch.empty(cap, dtype=torch.int32, device=dev)
+    req = torch.empty(cap, dtype=torch.int32, device=dev)
+    slot = torch.empty(t, dtype=torch.int32, device=dev)
+    rank = torch.empty(t, dtype=torch.int32, device=dev)
+    count = torch.empty(segments, dtype=torch.int32, device=dev)
+    per = t // segments
+    block = max(16, min(1024, next_pow2(max(per, cap, 1))))
+    _compact_batch_kernel[(1,)](src, rows, req, rank, count, segments, per, cap, BLOCK=block)
+    if t:
+        _slot_kernel[(triton.cdiv(t, 256),)](src, rank, slot, t, t, cap, BLOCK=256)
+    return rows, slot, count, req
 
 
 def take_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -71,6 +71,27 @@ def compact(src: torch.Tensor, segments: int = 1, capacity: int | None = None):
     return rows.reshape(-1), slot, keep.sum(1).to(torch.int32)
 
 
+def compact_batch(src: torch.Tensor, segments: int, capacity: int):
+    """One dense batch of the recomputed rows of ALL segments (requests), ascending.
+
+    src,  # [branches, positions] int32 from resolve_sources (sources inside their segment)
+    returns rows [capacity] int32 (flat rows, the first `capacity` of them, then -1), slot [T]
+    int32 (compact index of each row's source, -1 when dropped), count [segments] int32 (true
+    recomputed rows per segment), row_request [capacity] int32 (segment of each compact row,
+    -1 for padding); T = branches * positions."""
+    flat = src.reshape(-1).long()
+    t = flat.numel()
+    keep = flat == torch.arange(t, device=flat.device)
+    idx = torch.nonzero(keep).reshape(-1)
+    rows = torch.full((capacity,), -1, dtype=torch.int32, device=flat.device)
+    rows[: min(capacity, idx.numel())] = idx[:capacity].to(torch.int32)
+    req = torch.where(rows >= 0, rows // (t // segments), -1).to(torch.int32)
+    rank = torch.cumsum(keep.long(), 0) - 1
+    r = rank[flat]
+    slot = torch.where(r < capacity, r, -1).to(torch.int32)
+    return rows, slot, keep.view(segments, -1).sum(1).to(torch.int32), req
+
+
 def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """x [T, dim], rows [T] (-1 = padding) -> [T, dim]; padding rows are zero."""
     out = x[rows.clamp(min=0).long()].clone()
@@ -148,6 +169,44 @@ def attention(q, k_cache=None, v_cache=None, block_table=None, prefix_lens=None,
         ms.append(m.transpose(1, 2))
         ls.append(lsum.transpose(1, 2))
     return torch.stack(outs).to(q.dtype), torch.stack(ms), torch.stack(ls)
+
+
+def packed_attention(q, row_request=None, k_cache=None, v_cache=None, block_table=None,
+                     prefix_lens=None, k_blk=None, v_blk=None, row_block=None, blk_mask=None,
+                     scale=None):
+    """Reference of specdec_kernels.packed_attention.packed_attention (same arguments): row i
+    attends to its request's whole prefix (row_request[i] >= 0) and to the visible keys of its
+    own block (row_block[i] >= 0); dense fp32 softmax per row.
+    returns out [rows, heads, dim] fp32 (0 for a row that sees nothing), m, l [rows, heads]."""
+    rows, h, d = q.shape
+    scale = d ** -0.5 if scale is None else scale
+    out = torch.zeros(rows, h, d, dtype=torch.float32, device=q.device)
+    m = torch.full((rows, h), -math.inf, device=q.device)
+    lsum = torch.zeros(rows, h, device=q.device)
+    for i in range(rows):
+        ks, vs = [], []
+        if k_cache is not None and int(row_request[i]) >= 0:
+            r = int(row_request[i])
+            ks.append(paged_prefix(k_cache, block_table[r], int(prefix_lens[r])))
+            vs.append(paged_prefix(v_cache, block_table[r], int(prefix_lens[r])))
+        if k_blk is not None and int(row_block[i]) >= 0:
+            b = int(row_block[i])
+            vis = (torch.ones(k_blk.shape[1], dtype=torch.bool, device=q.device)
+                   if blk_mask is None else blk_mask[i])
+            ks.append(k_blk[b][vis])
+            vs.append(v_blk[b][vis])
+        if not ks or sum(k.shape[0] for k in ks) == 0:
+            continue
+        k = torch.cat(ks).float()  # [L, kvh, d]
+        v = torch.cat(vs).float()
+        g = h // k.shape[1]
+        k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        s = torch.einsum("hd,lhd->hl", q[i].float(), k) * scale
+        m[i] = s.amax(-1)
+        p = torch.exp(s - m[i][:, None])
+        lsum[i] = p.sum(-1)
+        out[i] = torch.einsum("hl,lhd->hd", p, v) / lsum[i][:, None]
+    return out, m, lsum
 
 
 def merge_states(out_a, m_a, l_a, out_b, m_b, l_b):

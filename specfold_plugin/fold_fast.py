@@ -10,6 +10,10 @@ rounded up to a granule): one full-size forward per branch count, then mostly ti
 `SyncCapacities` instead leaves every capacity None: each gate reads its true count on the host
 and compacts into exactly that (rounded up), so nothing re-runs, but the forward syncs twice per
 layer and cannot be captured in a CUDA graph (the default of the eager decoding loop).
+*Shared* (batch-wide) capacities size ONE compact batch for all requests of a forward: the plan
+is over the sum of their counts, which spreads less than each request's maximum;
+`BatchCapacityPlanner` makes it from the recompute shares seen per request (mean + z sd of the
+sum), so it also serves a request count it has not seen. Overflow: same rule (re-run wider).
 """
 
 from __future__ import annotations
@@ -59,6 +63,53 @@ class CapacityPlanner:
         del seen[: -self.window]
 
 
+class BatchCapacityPlanner:
+    """Plans shared capacities (rows of the whole batch) from the recompute shares (count / rows
+    per request) of the last `window` forwards with the same (branches, positions), any number of
+    requests. Per layer and gate, the sum over R requests of share x rows is planned as
+    R x rows x mu + z x rows x sqrt(R^2 s_b^2 + R s_w^2) + margin x R x rows, rounded up to
+    `granule`, at most every row: mu = mean share, s_w^2 = the spread between requests of one
+    forward, s_b^2 = the spread of the forwards' mean shares beyond what s_w^2 explains (shared by
+    all requests of a forward, so it does not average out). Until `min_seen` forwards: every
+    row. A plan made from counts the decoder has seen (no oracle)."""
+    shared = True
+
+    def __init__(self, granule: int = 16, z: float = 3.0, margin: float = 0.0,
+                 window: int = 16, min_seen: int = 2):
+        require(granule >= 1, "granule", f"must be >= 1, got {granule}")
+        require(z >= 0, "z", f"must be >= 0, got {z}")
+        require(0 <= margin <= 1, "margin", f"must be in [0, 1], got {margin}")
+        require(window >= 2, "window", f"must be >= 2, got {window}")
+        require(1 <= min_seen <= window, "min_seen", f"must be in [1, {window}], got {min_seen}")
+        self.granule, self.z, self.margin = granule, z, margin
+        self.window, self.min_seen = window, min_seen
+        self.seen: dict[tuple[int, int], list[torch.Tensor]] = {}  # [layers, 2, R] shares
+
+    def plan(self, branches: int, n: int, layers: int, requests: int = 1) -> Caps:
+        rows = branches * n
+        full = requests * rows
+        seen = self.seen.get((branches, n), [])
+        if len(seen) < self.min_seen:
+            return [(full, full)] * layers
+        mu = torch.cat(seen, -1).mean(-1)  # [layers, 2]
+        means = torch.stack([s.mean(-1) for s in seen])  # [forwards, layers, 2]
+        wide = [s for s in seen if s.shape[-1] > 1]
+        s_w2 = (torch.stack([s.var(-1) for s in wide]).mean(0) if wide
+                else torch.zeros_like(mu))
+        size = torch.tensor([s.shape[-1] for s in seen], dtype=mu.dtype)[:, None, None]
+        s_b2 = (means.var(0) - (s_w2 / size).mean(0)).clamp(min=0)
+        sd = torch.sqrt(requests ** 2 * s_b2 + requests * s_w2)
+        need = full * (mu + self.margin) + self.z * rows * sd
+        caps = (torch.ceil(need / self.granule) * self.granule).clamp(self.granule, full)
+        return [tuple(int(c) for c in lc) for lc in caps.tolist()]
+
+    def update(self, branches: int, n: int, counts: torch.Tensor) -> None:
+        """counts [layers, 2, requests] (host): every request's counts, as shares."""
+        seen = self.seen.setdefault((branches, n), [])
+        seen.append(counts.double() / (branches * n))
+        del seen[: -self.window]
+
+
 class SyncCapacities:
     """The `sync` plan: every gate sizes its compact batch from its true count (a host read per
     gate, never a re-run, not capturable in a CUDA graph). Planned capacities pad each gate by
@@ -72,9 +123,12 @@ class SyncCapacities:
 
 
 def first_overflow(counts: torch.Tensor,  # [layers, 2, requests] true counts (host)
-                   caps: Caps, ffn_gate: str = "own") -> int | None:
-    """The first layer whose count exceeded its planned capacity (None: the plan held; a
-    capacity of None is sized at run time and never overflows)."""
+                   caps: Caps, ffn_gate: str = "own", shared: bool = False) -> int | None:
+    """The first layer whose count (shared: the sum over requests) exceeded its planned
+    capacity (None: the plan held; a capacity of None is sized at run time and never
+    overflows)."""
+    if shared:
+        counts = counts.sum(-1, keepdim=True)
     cap = torch.tensor([[torch.iinfo(torch.int32).max if c is None else c for c in lc]
                         for lc in caps])[:, :, None]
     if ffn_gate == "layer":  # one compaction per layer, sized by the attention gate's plan
@@ -85,24 +139,27 @@ def first_overflow(counts: torch.Tensor,  # [layers, 2, requests] true counts (h
 
 def folded_exact(model, batch: Batch, prefix: Prefix | None, delta: float, caps: Caps,
                  ffn_gate: str = "own", forced: list[tuple] | None = None,
+                 shared: bool = False,
                  ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """-> logits [T, vocab] fp32, counts [layers, 2, requests] int (host), layers re-run.
-    One host sync (the counts); more only when the plan was too small."""
+    One host sync (the counts); more only when the plan was too small. `shared`: caps are rows
+    of ONE compact batch for all requests (batch-wide compaction), else rows per request."""
     layers = len(model.model.layers)
-    full = batch.branches * batch.n
+    full = batch.branches * batch.n * (batch.requests if shared else 1)
     require(len(caps) == layers, "caps", f"needs one entry per layer ({layers}), got {len(caps)}")
     bad = [c for lc in caps for c in lc if c is not None and not 1 <= c <= full]
-    require(not bad, "caps", f"capacities must lie in [1, {full}] (rows per request), got "
-            f"{bad[:3]}")
+    what = "rows of the batch" if shared else "rows per request"
+    require(not bad, "caps", f"capacities must lie in [1, {full}] ({what}), got {bad[:3]}")
     h = model.model.embed_tokens(batch.ids)
     caps, start, rerun = list(caps), 0, 0
     inputs: list[torch.Tensor] = []
     counts: list[torch.Tensor] = []
     while True:
-        h, ins, cnt = run_layers(model, h, batch, prefix, delta, caps, ffn_gate, start, forced)
+        h, ins, cnt = run_layers(model, h, batch, prefix, delta, caps, ffn_gate, start, forced,
+                                 shared)
         inputs, counts = inputs[:start] + ins, counts[:start] + cnt
         host = torch.stack(counts).cpu()  # [layers, 2, requests]: the one sync
-        start = first_overflow(host, caps, ffn_gate)
+        start = first_overflow(host, caps, ffn_gate, shared)
         if start is None:
             return logits_of(model, h), host, rerun
         rerun += layers - start
@@ -118,7 +175,7 @@ def folded_forward_fast(
     delta: float,
     stats: FoldStats | None = None,
     ffn_gate: str = "own",
-    planner: CapacityPlanner | SyncCapacities | None = None,
+    planner: CapacityPlanner | BatchCapacityPlanner | SyncCapacities | None = None,
 ) -> torch.Tensor:  # [k, block_size, vocab] fp32 logits (one NFE)
     """`fold.folded_forward` on the kernels: same arguments, same result (within fp32
     tolerance); `planner` sizes the compact batches (None: every row, i.e. no saving)."""
@@ -131,7 +188,7 @@ def folded_forward_fast(
     batch = prepare(model, blocks[None], parents, [runner.cached])
     caps = planner.plan(k, n, layers) if planner is not None else [(k * n, k * n)] * layers
     logits, counts, rerun = folded_exact(model, batch, runner_prefix(runner), delta, caps,
-                                         ffn_gate)
+                                         ffn_gate, shared=getattr(planner, "shared", False))
     if planner is not None:
         planner.update(k, n, counts)
     if stats is not None:
