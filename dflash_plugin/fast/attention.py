@@ -10,6 +10,10 @@ and "triton-invariant", the same kernel under a *batch-invariant* plan: the spli
 split's slot span and the query tile are fixed by the cache size alone, so a query's keys are
 reduced in the same order whether it is the one query of a decode step or one of the q queries of
 a verify block (see `invariant_splits`).
+*Block mask* (tree verification): a block of nb slots starting at the row's prefix length; query
+i sees the prefix slots < visible[r] and block slot visible[r] + j iff block_mask[r, i, j]
+(sdpa: folded into the boolean mask; triton: the kernel's own `blk_mask` over the forward's new
+K/V, with the prefix read from the cache up to visible[r]).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class AttnPlan:
     splits: int | None = None  # triton: split-K (None = the kernel's auto choice)
     split_tokens: int | None = None  # triton: fixed slots per split (None = 1/splits of a row)
     block_m: int | None = None  # triton: query-row tile (None = the kernel's choice from q)
+    blk_mask: torch.Tensor | None = None  # triton: [batch, 1, q, nb] bool over the new K/V
 
 
 def invariant_splits(max_len: int, device: torch.device) -> tuple[int, int, int]:
@@ -90,7 +95,10 @@ def plan(
     slots: torch.Tensor,  # [max_len] (`StaticKVCache.slots`)
     groups: int,  # query heads per KV head
     splits: int | None = None,
+    block_mask: torch.Tensor | None = None,  # [batch, q, nb] bool; needs visible [batch, 1]
 ) -> AttnPlan:
+    if block_mask is not None:
+        return _block_plan(backend, visible, slots, groups, splits, block_mask)
     if backend == "sdpa":
         mask = slots[None, None, None, :] < visible[:, None, :, None]  # [batch, 1, q|1, L]
         return AttnPlan(backend, mask=group_mask(mask, groups))
@@ -104,11 +112,34 @@ def plan(
                     block_m=block_m)
 
 
+def _block_plan(backend, visible, slots, groups, splits, block_mask) -> AttnPlan:
+    """The plan of a forward whose queries see the prefix < visible[:, 0] plus their own slots
+    of a block [visible, visible + nb) under `block_mask` (module docstring)."""
+    b, q, nb = block_mask.shape
+    require(visible.shape == (b, 1), "visible", f"with a block mask: [batch, 1] prefix lengths, "
+            f"got {tuple(visible.shape)}")
+    if backend == "sdpa":
+        rel = slots[None, :] - visible  # [batch, L] slot offset from the block start
+        inside = (rel >= 0) & (rel < nb)
+        idx = rel.clamp(0, nb - 1)[:, None, :].expand(b, q, rel.shape[1])
+        mask = (rel < 0)[:, None, :] | (block_mask.gather(2, idx) & inside[:, None, :])
+        return AttnPlan(backend, mask=group_mask(mask[:, None], groups))  # [batch, 1, q, L]
+    lengths = visible[:, 0].to(torch.int32)
+    table = torch.arange(b, device=visible.device, dtype=torch.int32)[:, None]
+    span = block_m = None
+    if backend == "triton-invariant":
+        splits, span, block_m = invariant_splits(slots.shape[0], slots.device)
+    return AttnPlan(backend, lengths=lengths, table=table, splits=splits, split_tokens=span,
+                    block_m=block_m, blk_mask=block_mask[:, None])
+
+
 def attend(
     p: AttnPlan,
     q: torch.Tensor,  # [batch, heads, s, head_dim]
     k: torch.Tensor,  # [batch, kv_heads, max_len, head_dim] (a static cache layer)
     v: torch.Tensor,
+    k_new: torch.Tensor | None = None,  # [batch, s, kv_heads, head_dim]: triton block plans
+    v_new: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [batch, s, heads * head_dim]
     b, h, s, d = q.shape
     if p.backend == "sdpa":  # GQA without copying the cache: a group's heads become query rows
@@ -119,6 +150,13 @@ def attend(
     from specdec_kernels.attention import branch_attention
 
     qs = q.transpose(1, 2)  # [batch, s, heads, d] (a view)
+    if p.blk_mask is not None:  # the prefix from the cache, the block from the new K/V
+        out = branch_attention(qs[:, None], k.transpose(1, 2), v.transpose(1, 2), p.table,
+                               p.lengths, k_blk=k_new[:, None], v_blk=v_new[:, None],
+                               blk_mask=p.blk_mask, scale=d ** -0.5, validate=False,
+                               num_splits=p.splits, split_tokens=p.split_tokens,
+                               block_m=p.block_m)
+        return out.reshape(b, s, h * d)
     # per-query lengths: each query is a branch of length 1; else one branch of s queries
     q5 = qs[:, :, None] if p.visible is not None else qs[:, None]
     out = branch_attention(q5, k.transpose(1, 2), v.transpose(1, 2), p.table, p.lengths,

@@ -4,7 +4,9 @@
 `context_write` projects target features of verified tokens into every draft layer's K/V cache
 (KV injection: `qwen3.context_kv`). `draft_block` runs the block `[anchor, MASK x (q - 1)]`: its
 own K/V go to the slots right after the committed context (stale slots, overwritten by the next
-`context_write`), and it attends over context + block.
+`context_write`), and it attends over context + block. `draft_logits` is the same forward with
+the drafter's logits at block positions 1..q - 1; `draft_topk` their top-k log-probabilities
+(the input of the tree build, `tree_build.py`).
 """
 
 from __future__ import annotations
@@ -84,6 +86,36 @@ def draft_block(
     attention: str = "sdpa",  # `attention.BACKENDS`
     ops: Ops | None = None,
 ) -> torch.Tensor:  # [batch, q - 1] greedy draft ids
+    return draft_logits(dw, cache, rope_tab, embed, lm_head, anchor, q, attention, ops).argmax(-1)
+
+
+def draft_topk(
+    dw: DraftWeights,
+    cache: StaticKVCache,
+    rope_tab: tuple[torch.Tensor, torch.Tensor],
+    embed: torch.Tensor,  # [vocab, target_hidden]
+    lm_head: torch.Tensor,  # [vocab, target_hidden]
+    anchor: torch.Tensor,  # [batch] long
+    q: int,
+    k: int,  # candidates per position
+    attention: str = "sdpa",
+    ops: Ops | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fp32 log-probs, ids [batch, q - 1, k] (best first)
+    logits = draft_logits(dw, cache, rope_tab, embed, lm_head, anchor, q, attention, ops)
+    return logits.float().log_softmax(-1).topk(k, dim=-1)
+
+
+def draft_logits(
+    dw: DraftWeights,
+    cache: StaticKVCache,
+    rope_tab: tuple[torch.Tensor, torch.Tensor],
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    anchor: torch.Tensor,  # [batch] long
+    q: int,
+    attention: str = "sdpa",
+    ops: Ops | None = None,
+) -> torch.Tensor:  # [batch, q - 1, vocab] the drafter's logits at block positions 1..q - 1
     s = dw.shape
     b = anchor.shape[0]
     ids = torch.cat([anchor[:, None], anchor.new_full((b, q - 1), dw.mask_id)], dim=1)
@@ -95,4 +127,4 @@ def draft_block(
     for i, lw in enumerate(dw.layers):
         h = decoder_layer(lw, h, rope, cache_attend(cache, i, positions, attn), ops)
     h = rms_norm(h[:, 1:], dw.norm, s.eps)
-    return F.linear(h.to(lm_head.dtype), lm_head).argmax(-1)
+    return F.linear(h.to(lm_head.dtype), lm_head)

@@ -1,0 +1,221 @@
+"""Greedy tree rounds (DDTree-style) in the fast runtime, over a `FastDecoder`'s state and caches.
+
+A round is three steps with static shapes and no host sync: `draft` (the drafter's top-k per
+depth, then `tree_build.build_tree`: n nodes per row), `verify` (the target once over
+[anchor + n nodes] under the ancestor mask, then the greedy walk and the *compaction*) and
+`accept` (`loop.accept_round` along the walked path: caps, stop tokens, lengths, history).
+*Scratch slots*: the block's K/V go to slots length + tree index (tree nodes share positions:
+RoPE uses position length + depth); the compaction moves the accepted path to slots
+length + depth in every target layer and writes the drafter's context K/V of the path at
+those positions. Shapes: g = min(B - 1, remaining), n = min(budget, capacity(g, topk)), as in the
+reference `tree_generate`, so both commit the same tokens in the same rounds.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from specdec_kernels.qwen3 import decoder_layer
+from torch.nn import functional as F
+
+from ..errors import require
+from ..metrics import AggregateMetrics, GenerationResult, RequestMetrics
+from ..tree import capacity
+from .attention import attend, plan
+from .drafter import context_write, draft_topk
+from .graphs import StepGraphs
+from .loop import AHEAD_CAP, FastDecoder, _accept_impl, _event, _sync
+from .qwen3 import rms_norm, rope_at
+from .tree_build import ancestor_mask, build_tree, greedy_path
+
+
+def tree_forward(dec: FastDecoder, ids, positions, slots, attn):
+    """The target's forward over a tree block (`qwen3.target_forward` with K/V written at
+    `slots` instead of `positions`, and a prebuilt block-mask plan). ids, positions, slots:
+    [batch, n + 1]. Returns final-normed hidden [batch, n + 1, hidden] and features."""
+    w, cache, s = dec.target, dec.tcache, dec.target.shape
+    rope = rope_at(dec.trope, positions)
+    h = F.embedding(ids, w.embed)
+    picked: dict[int, torch.Tensor] = {}
+    for i, lw in enumerate(w.layers):
+        def hook(q, k, v, i=i):  # [batch, n + 1, heads | kv_heads, head_dim]
+            cache.write(i, k.transpose(1, 2), v.transpose(1, 2), slots)
+            return attend(attn, q.transpose(1, 2), cache.k[i], cache.v[i], k, v)
+        h = decoder_layer(lw, h, rope, hook, dec.ops)
+        if i in dec.layer_ids:
+            picked[i] = h
+    hn = (dec.ops.rms_norm if dec.ops is not None else rms_norm)(h, w.norm, s.eps)
+    if s.layers - 1 in picked:
+        picked[s.layers - 1] = hn
+    feats = torch.cat([picked[i] for i in dec.layer_ids], -1) if dec.layer_ids else None
+    return hn, feats
+
+
+class TreeDecoder:
+    """Tree rounds of `budget` nodes, top-`topk` per depth, blocks of `block_size` (anchor +
+    g <= block_size - 1 depths) over `dec`. `draft_logits(g) -> [batch, g, vocab]` replaces the
+    DFlash drafter (tests: oracles; it must not sync with the host)."""
+
+    def __init__(self, dec: FastDecoder, budget: int, topk: int = 4,
+                 block_size: int | None = None, draft_logits=None):
+        vocab = dec.target.shape.vocab
+        block = block_size or dec.max_block
+        require(budget >= 1, "tree_budget", f"must be >= 1 (0 = linear drafting), got {budget}")
+        require(1 <= topk <= vocab, "tree_topk", f"must be in [1, {vocab}], got {topk}")
+        require(2 <= block <= dec.max_block, "block_size",
+                f"must be in [2, {dec.max_block}] for tree rounds, got {block}")
+        require(dec.drafter is not None or draft_logits is not None, "proposer",
+                "tree rounds need a drafter (or a draft_logits hook)")
+        self.dec, self.budget, self.topk, self.block = dec, budget, topk, block
+        self.draft_hook = draft_logits
+        n, d = self.nodes(block - 1), self.depth(block - 1)
+        b, dev = dec.batch, dec.device
+        z = dict(dtype=torch.long, device=dev)
+        self.tokens = torch.zeros(b, n + 1, **z)  # tree index 0: the anchor's slot (unused)
+        self.parents = torch.zeros(b, n + 1, **z)
+        self.depths = torch.zeros(b, n + 1, **z)
+        self.tgt_path = torch.zeros(b, d + 1, **z)  # the target's ids along the walked path
+        self.drf_path = torch.zeros(b, d, **z)  # the path's draft ids, -1 past its end
+        self.steps = StepGraphs(dev, dec.steps.enabled)
+
+    def nodes(self, g: int) -> int:
+        return min(self.budget, capacity(g, self.topk))
+
+    def depth(self, g: int) -> int:
+        return min(g, self.nodes(g))
+
+    # ---- steps ----
+    def _draft(self, g: int) -> None:
+        dec, n = self.dec, self.nodes(g)
+        if self.draft_hook is not None:
+            lp, ids = self.draft_hook(g).float().log_softmax(-1).topk(self.topk, dim=-1)
+        else:
+            lp, ids = draft_topk(dec.drafter, dec.dcache, dec.drope, dec.target.embed,
+                                 dec.target.lm_head, dec.anchor, g + 1, self.topk,
+                                 dec.attention)
+        tok, par, dep = build_tree(lp, ids, n)
+        self.tokens[:, 1:n + 1].copy_(tok)
+        self.parents[:, 1:n + 1].copy_(par)
+        self.depths[:, 1:n + 1].copy_(dep)
+
+    def _verify(self, g: int) -> None:
+        """Target forward, greedy walk, compaction of the path (idempotent: it re-reads only the
+        scratch slots this step writes, so a graph's eager warm-up may run it twice)."""
+        dec, n, d = self.dec, self.nodes(g), self.depth(g)
+        lengths, s = dec.tcache.lengths, dec.target.shape
+        ids = torch.cat([dec.anchor[:, None], self.tokens[:, 1:n + 1]], 1)  # [batch, n + 1]
+        parents, depths = self.parents[:, :n + 1], self.depths[:, :n + 1]
+        slots = lengths[:, None] + torch.arange(n + 1, device=dec.device)
+        attn = plan(dec.attention, lengths[:, None], dec.tcache.slots, s.heads // s.kv_heads,
+                    block_mask=ancestor_mask(parents, d))
+        hn, feats = tree_forward(dec, ids, lengths[:, None] + depths, slots, attn)
+        choice = dec.linear(hn, dec.target.lm_head).argmax(-1)  # [batch, n + 1]
+        path, acc = greedy_path(ids, parents, depths, choice, d)  # [batch, d + 1], [batch]
+        self.tgt_path[:, :d + 1].copy_(choice.gather(1, path))
+        j = torch.arange(d, device=dec.device)
+        self.drf_path[:, :d].copy_(torch.where(j < acc[:, None], ids.gather(1, path[:, 1:]), -1))
+        src, dst = slots.gather(1, path), slots[:, :d + 1]
+        for kv in (dec.tcache.k, dec.tcache.v):  # [layers, batch, kv_heads, max_len, head_dim]
+            L, b, h, _, hd = kv.shape
+            vals = kv.gather(3, src[None, :, None, :, None].expand(L, b, h, d + 1, hd))
+            kv.scatter_(3, dst[None, :, None, :, None].expand(L, b, h, d + 1, hd), vals)
+        if dec.drafter is not None:
+            pf = feats.gather(1, path[:, :, None].expand(-1, -1, feats.shape[-1]))
+            context_write(dec.drafter, dec.dcache, dec.drope, pf, dst)
+
+    def _accept(self, g: int) -> None:
+        d, dec = self.depth(g), self.dec
+        _accept_impl["fn"](self.tgt_path[:, :d + 1], self.drf_path[:, :d], dec.stops,
+                           dec.max_new, dec.out_buf, dec.out_len, dec.anchor, dec.tcache.lengths,
+                           dec.done, dec.history, dec.round_idx)
+
+    def round(self, g: int, events=None) -> None:
+        key = (self.budget, self.topk, g)
+        if events is not None:
+            events[0].record()
+        self.steps.run(("tree-draft", *key), lambda: self._draft(g))
+        if events is not None:
+            events[1].record()
+        self.steps.run(("tree-verify", *key), lambda: self._verify(g))
+        if events is not None:
+            events[2].record()
+        self.steps.run(("tree-accept", *key), lambda: self._accept(g),
+                       restore=self.dec._state())
+        if events is not None:
+            events[3].record()
+
+    @torch.inference_mode()
+    def warmup(self, widths: list[int] | None = None) -> float:
+        """Every prefill width (as `FastDecoder.warmup`) and one tree round per depth
+        g = 1..block_size - 1: compiles and CUDA graphs before the first request."""
+        t0 = time.perf_counter()
+        dec = self.dec
+        widths = dec.prefill_widths() if widths is None else list(widths)
+        top = dec.max_len - dec.max_block - 1
+        for w in widths or [1]:
+            dec.prefill([[0] * min(w, top)], 1)
+        for g in range(1, self.block):
+            self.round(g)
+        _sync(dec.device)
+        return time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def tree_generate_fast(dec: FastDecoder | TreeDecoder, prompts: list[list[int]], *,
+                       budget: int | None = None, topk: int = 4, block_size: int | None = None,
+                       max_new_tokens: int, stop_token_ids=(),
+                       profile: bool = False) -> GenerationResult:
+    """Greedy tree decoding; `dec` is a `TreeDecoder` (reused: its graphs stay captured) or a
+    `FastDecoder` with `budget` / `topk` / `block_size` (a new TreeDecoder per call). Metrics
+    as `fast_generate`, plus `metrics.tree` as the reference `tree_generate` reports it
+    (build time is inside the draft step: `draft_seconds` when profiled)."""
+    tdec = dec if isinstance(dec, TreeDecoder) else TreeDecoder(dec, budget, topk, block_size)
+    fd, bsz = tdec.dec, tdec.block
+    width = max((len(p) for p in prompts), default=0)
+    need = width + max_new_tokens + tdec.nodes(bsz - 1) + 1
+    require(need <= fd.max_len, "max_new_tokens",
+            f"prompt ({width}) + max_new_tokens + tree nodes + 1 needs {need} slots; the "
+            f"runtime was built with {fd.max_len}")
+    agg = AggregateMetrics([RequestMetrics(prompt_tokens=len(p)) for p in prompts])
+    agg.tree = {"nodes_verified": 0, "build_seconds": None, "accepted_depths": {}}
+    t0 = time.perf_counter()
+    fd.prefill(prompts, max_new_tokens, stop_token_ids)
+    _sync(fd.device)
+    agg.prefill_seconds = time.perf_counter() - t0
+    n_req = len(prompts)
+    issued: list[int] = []  # g of every issued round
+    timing = []
+    while True:
+        done, out_len = torch.stack([fd.done.long(), fd.out_len]).tolist()  # the host read
+        live = [i for i in range(n_req) if not done[i]]
+        if not live:
+            break
+        rem = max(max_new_tokens - out_len[i] for i in live)
+        g = min(bsz - 1, rem)
+        ahead = (rem - g) // bsz + 1 if g == bsz - 1 else 1  # rounds commit <= g + 1 tokens
+        for _ in range(min(ahead, AHEAD_CAP)):
+            ev = [_event(fd.device) for _ in range(4)] if profile else None
+            tdec.round(g, ev)
+            issued.append(g)
+            if ev:
+                timing.append(ev)
+    agg.total_seconds = time.perf_counter() - t0
+    hist = fd.history[: int(fd.round_idx)].tolist()
+    buf = fd.out_buf.tolist()
+    depths = agg.tree["accepted_depths"]
+    for r, (n, acc, live) in enumerate(hist):
+        for i in range(n_req):
+            if live[i]:
+                agg.requests[i].record_round(n[i], issued[r], acc[i])
+                depths[acc[i]] = depths.get(acc[i], 0) + 1
+                agg.tree["nodes_verified"] += tdec.nodes(issued[r])
+    tokens = [buf[i][:out_len[i]] for i in range(n_req)]
+    stops = set(stop_token_ids)
+    for m, toks in zip(agg.requests, tokens):
+        m.new_tokens = len(toks)
+        m.stop_reason = "stop" if toks and toks[-1] in stops else "length"
+    if timing:
+        agg.draft_seconds = sum(e[0].elapsed_time(e[1]) for e in timing) / 1e3
+        agg.verify_seconds = sum(e[1].elapsed_time(e[3]) for e in timing) / 1e3
+    return GenerationResult(tokens=tokens, metrics=agg)
