@@ -6,10 +6,12 @@ report), a round of length q commits E(q) = 1 + s_1 + ... + s_{q-1} tokens on av
 T(q) (verify + draft, measured); q = 1 is plain decoding (E = 1, no drafter). The policy takes
 the q of the largest E(q) / T(q), so it picks plain decoding whenever speculation does not pay.
 Survival is tracked with exponential decay, so it follows a request's (or batch's) recent rounds.
+`AdaptiveConfig` + `BlockPolicy` drive the fast runtime's loop (`fast.loop.fast_generate`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import require
@@ -57,9 +59,94 @@ class Survival:
             self.hits[k] = self.hits[k] * self.decay + (1.0 if k < accepted else 0.0)
             self.seen[k] = self.seen[k] * self.decay + 1.0
 
+    def observe_round(self, drafted: int, accepted: list[int]) -> None:
+        """One round of a batch, its rows pooled: every row drafted positions 1..drafted and row
+        i accepted `accepted[i]`; decays once per round (not once per row)."""
+        for k in range(min(drafted, self.positions)):
+            self.hits[k] = self.hits[k] * self.decay + sum(a > k for a in accepted)
+            self.seen[k] = self.seen[k] * self.decay + len(accepted)
+
     def values(self) -> list[float]:  # s_k, made non-increasing (a survival function)
         out, cap = [], 1.0
         for h, n in zip(self.hits, self.seen):
             cap = min(cap, h / n)
             out.append(cap)
         return out
+
+
+@dataclass(frozen=True)
+class AdaptiveConfig:
+    """How `fast_generate(..., adaptive=AdaptiveConfig(...))` picks each round's block length.
+
+    round_ms: q -> ms of one round at the decoder's batch (None: the decoder's own, measured by
+    `fast.loop.measure_round_ms` after `warmup()`); the policy picks among these q (<= the call's
+    block_size). reads_every: most rounds issued at q > 1 before the next host read (and update).
+    probe_every: after this many plain rounds, one round at the longest q whose round costs at
+    most probe_cost x a plain round, so a batch whose drafts started to pass is noticed (0: never).
+    plain_context: plain rounds also write the drafter's context (False: a plain round costs a
+    plain step, and drafts after a plain stretch see stale context there: fewer accepted, the
+    output unchanged). forced: a fixed q, or a function of the decision index (0, 1, ...) -> q
+    (tests)."""
+
+    round_ms: dict[int, float] | None = None
+    decay: float = 0.9
+    prior: float = 0.5
+    reads_every: int = 8
+    probe_every: int = 32
+    probe_cost: float = 1.5
+    plain_context: bool = False
+    forced: int | Callable[[int], int] | None = None
+
+    def __post_init__(self):
+        if self.round_ms is not None:
+            bad = {q: t for q, t in self.round_ms.items() if q < 1 or not t > 0}
+            require(bool(self.round_ms) and not bad, "round_ms",
+                    f"block lengths >= 1 with positive times, got {self.round_ms}")
+        require(self.reads_every >= 1, "reads_every", f"must be >= 1, got {self.reads_every}")
+        require(self.probe_every >= 0, "probe_every", f"must be >= 0, got {self.probe_every}")
+        require(self.probe_cost >= 1, "probe_cost", f"must be >= 1, got {self.probe_cost}")
+        require(self.forced is None or callable(self.forced) or (
+            isinstance(self.forced, int) and self.forced >= 1), "forced",
+            f"a block length >= 1 or a function of the decision index, got {self.forced!r}")
+        Survival(1, self.decay, self.prior)  # checks decay and prior
+
+
+class BlockPolicy:
+    """One batch's block-length choice over a generation: pooled decayed survival of the live
+    rows, `best_block` over the measured round times, plain-round probes; the loop calls
+    `observe_round` for every round it reads back and `choose` at every host read."""
+
+    def __init__(self, cfg: AdaptiveConfig, round_ms: dict[int, float], max_q: int,
+                 positions: int):
+        self.cfg = cfg
+        self.round_ms = {q: t for q, t in round_ms.items() if q <= max_q}
+        require(bool(self.round_ms) or cfg.forced is not None, "round_ms",
+                f"no measured block length <= block_size {max_q}: got {sorted(round_ms)}")
+        self.max_q = max_q
+        self.survival = Survival(positions, cfg.decay, cfg.prior)
+        self.decisions = 0
+        self.plain_rounds = 0  # plain rounds since the last drafted one
+        t1 = self.round_ms.get(1)
+        cheap = [q for q, t in self.round_ms.items() if q > 1 and t1 and t <= cfg.probe_cost * t1]
+        self.probe_q = max(cheap, default=None)
+
+    def observe_round(self, drafted: int, accepted: list[int]) -> None:
+        self.survival.observe_round(drafted, accepted)
+        self.plain_rounds = 0 if drafted else self.plain_rounds + 1
+
+    def choose(self) -> tuple[int, int]:
+        """(q, the most rounds to issue at q before the next read)."""
+        i, self.decisions = self.decisions, self.decisions + 1
+        f = self.cfg.forced
+        if f is not None:
+            q = f(i) if callable(f) else f
+            require(isinstance(q, int) and 1 <= q <= self.max_q, "forced",
+                    f"block length in [1, {self.max_q}] (block_size), got {q!r}")
+            return q, self.cfg.reads_every
+        q = best_block(self.round_ms, self.survival.values())
+        if q > 1:
+            return q, self.cfg.reads_every
+        every = self.cfg.probe_every
+        if every and self.probe_q and self.plain_rounds >= every:
+            return self.probe_q, 1
+        return 1, every - self.plain_rounds if every and self.probe_q else 1 << 30

@@ -44,6 +44,8 @@ class AggregateMetrics:
     total_seconds: float = 0.0
     # tree drafting only: nodes_verified, build_seconds, accepted_depths {depth: rounds}
     tree: dict | None = None
+    # adaptive speculation only: rounds per block length the policy issued {q: rounds}
+    block_lengths: dict[int, int] | None = None
 
     @property
     def rounds(self) -> int:
@@ -82,6 +84,7 @@ class AggregateMetrics:
             "total_seconds": self.total_seconds,
             **({"tree": {**self.tree, "nodes_per_round": self.tree["nodes_verified"] / self.rounds
                          if self.rounds else 0.0}} if self.tree is not None else {}),
+            **({"block_lengths": self.block_lengths} if self.block_lengths is not None else {}),
             "tokens_per_second": self.new_tokens / self.total_seconds if self.total_seconds else 0,
             "requests": [
                 {"prompt_tokens": r.prompt_tokens, "new_tokens": r.new_tokens, "tau": r.tau,
