@@ -25,8 +25,9 @@ Adaptive k (issue 20): `dflash tune` measures plain and each k with the same clo
 (one engine per k, all concurrencies), `run --mode tuned` serves its per-batch-size table config,
 and `report` adds a table plain / each k / adaptive (tune's choice per concurrency) / tuned:
 
-    python -m dflash_plugin.cli tune --engine vllm --target examples/fixtures/code-target \
-        --draft examples/fixtures/code-target-dflash-b16 --prompts examples/fixtures/dev-prompts.jsonl \
+    F=examples/fixtures
+    python -m dflash_plugin.cli tune --engine vllm --target $F/code-target \
+        --draft $F/code-target-dflash-b16 --prompts $F/dev-prompts.jsonl \
         --candidates 0,7,15 --concurrency 1,4,8,16,32,64 --max-new-tokens 128 --dtype bfloat16 \
         --max-model-len 4096 --out $O/tune-vllm.json
     python benchmarks/gpu_engines.py run --engine vllm --mode tuned --tuned $O/tune-vllm.json \
