@@ -97,7 +97,8 @@ class BatchCapacityPlanner:
         s_w2 = (torch.stack([s.var(-1) for s in wide]).mean(0) if wide
                 else torch.zeros_like(mu))
         size = torch.tensor([s.shape[-1] for s in seen], dtype=mu.dtype)[:, None, None]
-        s_b2 = (means.var(0) - (s_w2 / size).mean(0)).clamp(min=0)
+        s_b2 = ((means.var(0) - (s_w2 / size).mean(0)).clamp(min=0) if len(seen) > 1
+                else torch.zeros_like(mu))
         sd = torch.sqrt(requests ** 2 * s_b2 + requests * s_w2)
         need = full * (mu + self.margin) + self.z * rows * sd
         caps = (torch.ceil(need / self.granule) * self.granule).clamp(self.granule, full)

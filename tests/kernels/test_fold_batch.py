@@ -244,6 +244,32 @@ def test_batch_planner_closed_form():
         ff.BatchCapacityPlanner(z=-1)
 
 
+def test_single_request_forward_with_the_batch_planner():
+    """`folded_forward_fast` takes the batch planner (shared capacities, one request): same
+    logits as every row; after two forwards the plan is smaller than every row and holds."""
+    from specfold_plugin.stats import FoldStats
+    from spiffy_plugin.runtime import dllm_spec
+    from tests.specfold.test_fold import branch_batch
+
+    model = tiny_dllm()
+    spec = dllm_spec(model.config)
+    parents = TREES[0]
+    blocks = branch_batch(spec, torch.Generator().manual_seed(5), parents)
+    runner = runner_at(model, 16, blocks)
+    want = ff.folded_forward_fast(runner, blocks, parents, 0.2)
+    planner = ff.BatchCapacityPlanner(granule=8, z=1.0)
+    for _ in range(3):
+        stats = FoldStats(model.config.num_hidden_layers)
+        same_logits(ff.folded_forward_fast(runner, blocks, parents, 0.2, stats,
+                                           planner=planner), want)
+    assert stats.reruns == 0
+    full = len(parents) * spec.block_size
+    assert max(map(max, planner.plan(len(parents), spec.block_size, 3))) < full
+    one = ff.BatchCapacityPlanner(min_seen=1)
+    one.update(2, 8, torch.tensor([[[8], [4]]]))
+    assert one.plan(2, 8, 1) == [(16, 16)]  # one forward, one request: no spread, no NaN
+
+
 def test_first_overflow_on_sums():
     counts = torch.tensor([[[5, 9], [5, 9]], [[7, 1], [2, 2]]])  # [layers, 2, requests]
     assert ff.first_overflow(counts, [(8, 9), (8, 8)]) == 0  # per request: 9 > 8
