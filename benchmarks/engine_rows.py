@@ -54,6 +54,7 @@ class EngineSpec:
     dllm_config: str | None = None  # SGLang --dllm-algorithm-config (YAML file)
     graph_max_bs: int | None = None  # SGLang 0.5.16 cuda_graph_max_bs_decode (sequences)
     speculative_config: dict | None = None  # vLLM: a whole --speculative-config (e.g. tuned)
+    log_level: str | None = None  # SGLang log level (None: Engine's "error"; "info" prints ours)
 
 
 @dataclass(frozen=True)

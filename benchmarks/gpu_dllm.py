@@ -24,7 +24,8 @@ request), times the first request alone (cold), then an untimed pass over all pr
 concurrency (--warmup-tokens new tokens), then per concurrency one timed closed-loop pass (see
 engine_rows.py): wall time, output tokens/s, every prompt's output ids. Forwards: the sum of
 the algorithm's own per-block log lines ("Spiffy block: ... forwards=F steps=S"); one-step
-decoding of the same blocks takes S + 1 forwards per block. The engine's log goes to --log.
+decoding of the same blocks takes S + 1 forwards per block. The engine runs at log level "info"
+(sgl.Engine's default, "error", drops those lines); its log goes to --log.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def block_counts(log: Path, start: int) -> dict:
     """Sums of the algorithm's per-block log lines written after byte `start` of the log."""
     text = log.read_bytes()[start:].decode(errors="replace") if log.exists() else ""
     blocks = BLOCK.findall(text)
-    if not blocks:  # no log lines (LowConfidence logs none; INFO records may not be printed)
+    if not blocks:  # no log lines (LowConfidence logs none)
         return {"blocks": None, "forwards": None, "steps": None, "one_step_forwards": None}
     steps = sum(int(b[3]) for b in blocks)
     return {"blocks": len(blocks), "forwards": sum(int(b[2]) for b in blocks), "steps": steps,
@@ -93,7 +94,7 @@ def cmd_run(args) -> None:
                       max_seqs=args.max_running_requests, prefill_graphs=False,
                       dllm_algorithm=args.algorithm,
                       dllm_config=str(work / CONFIGS[args.algorithm]),
-                      graph_max_bs=args.graph_max_bs)
+                      graph_max_bs=args.graph_max_bs, log_level="info")
     t0 = time.perf_counter()
     runner = start_engine(spec)
     doc = {"kind": "dllm-run", "engine": "sglang", "engine_version": runner.version,
