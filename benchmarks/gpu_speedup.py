@@ -14,8 +14,9 @@ bucketing off (--prefill-bucket 0, the old runtime) and on (after `FastDecoder.w
 `identity`: bf16 token identity of DFlash / n-gram vs plain decoding in the same runtime, with
 the batch-invariant runtime (`invariant=True`) off and on; `fp32`: fp32 identity vs the
 reference loop, HF and z-lab; `overhead`: per-round overhead vs isolated graph timings; `8b`: the
-Qwen3-8B-shape projection. Every timed row runs after `FastDecoder.warmup()` over its shapes
-(all padded prompt widths, or exactly its prompts' widths with bucketing off; every block
+Qwen3-8B-shape projection; `tree`: greedy tree rounds (node budgets 16-128, B = 16) vs linear DFlash
+vs AR at batch 1 and 8 (`tree_rows.py`). Every timed row runs after `FastDecoder.warmup()` over its
+shapes (all padded prompt widths, or exactly its prompts' widths with bucketing off; every block
 length). Every part runs in its own try/except. Writes DIR/results.json, DIR/table.md,
 DIR/speedup.png (matplotlib when installed, else Pillow).
 """
@@ -37,6 +38,7 @@ checkout_first()
 from fast_rows import run_cold, run_ours, warm_up  # noqa: E402
 from gpu_projection import accept_times, project_8b, step_times  # noqa: E402
 from speedup_plot import markdown, plot  # noqa: E402
+from tree_rows import tree_rows  # noqa: E402
 
 from dflash_plugin.checkpoint import load_drafter  # noqa: E402
 from dflash_plugin.fast import build_decoder, fast_generate  # noqa: E402
@@ -46,7 +48,7 @@ from dflash_plugin.loading import load_target  # noqa: E402
 from dflash_plugin.proposers import DFlashProposer  # noqa: E402
 
 FIX = FIXTURES
-GROUPS = ("batches", "slow", "warm", "cold", "identity", "fp32", "overhead", "8b")
+GROUPS = ("batches", "slow", "warm", "cold", "identity", "fp32", "overhead", "8b", "tree")
 DEVICE = "cuda"
 
 
@@ -111,6 +113,11 @@ def main() -> None:
     p.add_argument("--cold-prompts", type=int, default=4,
                    help="never-seen prompt lengths timed per cold row")
     p.add_argument("--cold-timeout", type=int, default=400, help="seconds per cold process")
+    p.add_argument("--tree-batches", type=int, nargs="+", default=[1, 8],
+                   help="`tree` rows: batch sizes")
+    p.add_argument("--tree-budgets", type=int, nargs="+", default=[16, 32, 64, 128],
+                   help="`tree` rows: node budgets (plus the linear draft), B = 16")
+    p.add_argument("--tree-topk", type=int, default=4, help="`tree` rows: top-k per depth")
     args = p.parse_args()
     if args.plot:
         print(plot(args.plot, Path(args.plot).with_name("speedup.png")))
@@ -374,6 +381,11 @@ def main() -> None:
             print(f"  B{block}: {o[f'B{block}']}")
     if "overhead" in groups and "batches" in groups:
         attempt(R, "round overhead", overhead)
+
+    # --- tree rounds vs linear DFlash vs AR (benchmarks/tree_rows.py) ---
+    if "tree" in groups:
+        attempt(R, "tree rounds", lambda: tree_rows(R, model, drafter, prompts, N, max_len, args,
+                                                     add_row))
 
     # --- Qwen3-8B-shape projection (random weights) ---
     def proj():

@@ -155,6 +155,7 @@ class TreeDecoder:
         top = dec.max_len - dec.max_block - 1
         for w in widths or [1]:
             dec.prefill([[0] * min(w, top)], 1)
+        dec.prefill([[0]], 1)  # round shapes do not depend on lengths: keep the scratch in range
         for g in range(1, self.block):
             self.round(g)
         _sync(dec.device)

@@ -129,7 +129,9 @@ def test_plan_block_mask_triton_equals_sdpa():
     (prefix from the cache up to the row's length): same output as the SDPA plan."""
     anc, lengths, q, k, v, groups = _tree_inputs(seed=1, L=64)
     nb = anc.shape[1]
-    k_new, v_new = torch.randn(2, q.shape[0], nb, k.shape[1], k.shape[-1]).unbind(0)
+    kvh, d = k.shape[1], k.shape[-1]  # views whose strides differ between K and V, as the
+    k_new = torch.randn(q.shape[0], nb, 3 * kvh, d)[:, :, kvh:2 * kvh]  # forward's QK / V are
+    v_new = torch.randn(q.shape[0], nb, 2 * kvh, d)[:, :, :kvh]
     for r in range(q.shape[0]):  # the forward writes its K/V at slots length + tree index
         k[r, :, lengths[r]:lengths[r] + nb] = k_new[r].transpose(0, 1)
         v[r, :, lengths[r]:lengths[r] + nb] = v_new[r].transpose(0, 1)
@@ -226,6 +228,48 @@ def test_bad_tree_arguments(pair):
         TreeDecoder(dec, 4, 2, block_size=9)
     with pytest.raises(ConfigError, match="max_new_tokens"):
         tree_generate_fast(dec, [[5, 6]], budget=32, topk=4, max_new_tokens=40)
+    TreeDecoder(dec, 31, 2).warmup()  # the widest prefill leaves no room for 31 scratch slots
     plain = build_decoder(target, None, batch=1, max_len=64, max_block=8, graphs=False)
     with pytest.raises(ConfigError, match="drafter"):
         TreeDecoder(plain, 4, 2)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                    reason="Triton: CUDA or TRITON_INTERPRET=1 at process start")
+def test_tree_loop_triton_backend(qwen3_target):
+    """The whole tree loop on the Triton attention backend (block mask through blk_mask)."""
+    from dflash_plugin.checkpoint import config_for_target, init_drafter
+    cfg = config_for_target(qwen3_target.config, num_layers=1, block_size=8, mask_token_id=3)
+    drafter = init_drafter(cfg, seed=0).eval()  # acceptance is beside the point here
+    prompts = PROMPTS[:2]
+    dec = build_decoder(qwen3_target, drafter, batch=2, max_len=64, max_block=8, graphs=False,
+                        attention="triton")
+    res = tree_generate_fast(dec, prompts, budget=5, topk=3, max_new_tokens=8)
+    assert res.tokens == greedy_reference(qwen3_target, prompts, 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("attention", ["sdpa", "triton"])
+def test_tree_cuda_graphs_match_greedy(pair, attention):
+    """CUDA graphs per (budget, topk, g): captured on the first pass, replayed on the second
+    and after `warmup`; same tokens as plain decoding and the same commits as eager."""
+    from tests.conftest import tiny_target
+    target, drafter = pair
+    expected = greedy_reference(target, PROMPTS, 40)
+    tgt, drf = tiny_target().cuda(), drafter.to("cuda")
+    try:
+        rounds = None
+        for graphs in (False, True):
+            dec = build_decoder(tgt, drf, batch=4, max_len=128, max_block=8, graphs=graphs,
+                                attention=attention)
+            tdec = TreeDecoder(dec, 24, 3)
+            if graphs:
+                tdec.warmup()
+            for _ in range(2):
+                res = tree_generate_fast(tdec, PROMPTS, max_new_tokens=40, profile=graphs)
+                assert res.tokens == expected
+                rounds = rounds or _rounds(res)
+                assert _rounds(res) == rounds
+    finally:
+        drafter.to("cpu")
