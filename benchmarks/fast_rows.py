@@ -1,5 +1,7 @@
 """How the side-by-side scripts time our fast runtime: `warm_up` (a decoder's warm-up over every
-shape a pass hits), `run_ours` (a timed pass over prompts in chunks of a batch) and *cold rows*:
+shape a pass hits), `run_ours` (a timed pass over prompts in chunks of a batch), *adaptive rows*
+(`adaptive_batch`: plain vs fixed DFlash vs adaptive speculation at one batch size; the table
+`adaptive_markdown`) and *cold rows*:
 the first-request latency of a batch-1 decoder in a fresh process with empty Triton and inductor
 caches (`run_cold` starts this file as that process; `cold_worker` is what it runs):
 
@@ -20,15 +22,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 
 import torch
-from common import checkout_first, read_prompts
+from common import agreement, checkout_first, read_prompts
 
 checkout_first()
 
+from dflash_plugin.adaptive import AdaptiveConfig  # noqa: E402
 from dflash_plugin.checkpoint import load_drafter  # noqa: E402
 from dflash_plugin.fast import build_decoder, fast_generate  # noqa: E402
-from dflash_plugin.fast.loop import compile_steps  # noqa: E402
+from dflash_plugin.fast.loop import compile_steps, measure_round_ms  # noqa: E402
 from dflash_plugin.loading import load_target  # noqa: E402
 
 
@@ -49,18 +53,22 @@ def warm_up(dec, prompts, batch, done: dict) -> float:
     return done[key]
 
 
-def run_ours(dec, prompts, batch, block, proposer, max_new, profile=False) -> dict:
-    """All prompts in chunks of `batch`; end-to-end seconds include prefill."""
+def run_ours(dec, prompts, batch, block, proposer, max_new, profile=False,
+             adaptive=None) -> dict:
+    """All prompts in chunks of `batch`; end-to-end seconds include prefill. With `adaptive`
+    (an `AdaptiveConfig`), "block_lengths" sums the rounds per chosen block length."""
     toks, reqs, secs, pre = [], [], [], 0.0
     draft_s = verify_s = 0.0
+    used = Counter()
     for i in range(0, len(prompts), batch):
         chunk = prompts[i:i + batch]
         sync()
         t0 = time.perf_counter()
         res = fast_generate(dec, chunk, block_size=block, max_new_tokens=max_new,
-                            proposer=proposer, profile=profile)
+                            proposer=proposer, profile=profile, adaptive=adaptive)
         sync()
         secs.append(time.perf_counter() - t0)
+        used.update(res.metrics.block_lengths or {})
         pre += res.metrics.prefill_seconds
         draft_s += res.metrics.draft_seconds
         verify_s += res.metrics.verify_seconds
@@ -75,10 +83,69 @@ def run_ours(dec, prompts, batch, block, proposer, max_new, profile=False) -> di
            "rounds_per_request": [r.rounds for r in reqs]}
     if rounds:
         out["round_ms"] = (total - pre) / rounds * 1e3
+    if adaptive is not None:
+        out["block_lengths"] = dict(sorted(used.items()))
     if profile:
         out["split_seconds"] = {"draft": draft_s, "verify": verify_s, "prefill": pre,
                                 "overhead": total - pre - draft_s - verify_s}
     return out
+
+
+def adaptive_batch(plain, dflash, prompts, batch, max_new, warmed, block=16,
+                   cfg: AdaptiveConfig | None = None, reads_every: int = 8) -> dict:
+    """Plain decoding (`plain`: a decoder without drafter), fixed DFlash (q = `block`) and
+    adaptive speculation (`dflash` decoder, `cfg`; default `AdaptiveConfig(reads_every=...)`)
+    over the same prompts in chunks of `batch`, each decoder warmed up over its shapes and
+    `dflash`'s round times measured first (`measure_round_ms`: powers of two up to `block`).
+    Returns the three runs and a summary: tokens/s, adaptive over max(plain, fixed), the
+    chosen-q histogram, the round times and the token identity of fixed / adaptive vs plain."""
+    warm = {"plain": warm_up(plain, prompts, batch, warmed),
+            "dflash": warm_up(dflash, prompts, batch, warmed)}
+    t0 = time.perf_counter()
+    cands = [q for q in (1, 2, 4, 8, 16, 32) if q <= block]
+    round_ms = measure_round_ms(dflash, cands)
+    plain_ms = measure_round_ms(plain, [1])[1]
+    measure_s = time.perf_counter() - t0
+    cfg = cfg or AdaptiveConfig(reads_every=reads_every)
+    runs = {"plain": run_ours(plain, prompts, batch, 1, "ar", max_new),
+            "fixed": run_ours(dflash, prompts, batch, block, "dflash", max_new),
+            "adaptive": run_ours(dflash, prompts, batch, block, "dflash", max_new,
+                                 adaptive=cfg)}
+    tps = {k: r["tokens_per_second"] for k, r in runs.items()}
+    best = max(tps["plain"], tps["fixed"])
+    summary = {
+        "batch": batch, "prompts": len(prompts), "block": block, "max_new_tokens": max_new,
+        "tokens_per_second": {k: round(v, 1) for k, v in tps.items()},
+        "adaptive_over_best": round(tps["adaptive"] / best, 4),
+        "adaptive_over_plain": round(tps["adaptive"] / tps["plain"], 4),
+        "fixed_over_plain": round(tps["fixed"] / tps["plain"], 4),
+        "tau": {k: round(r["tau"], 3) for k, r in runs.items()},
+        "block_lengths": runs["adaptive"]["block_lengths"],
+        "round_ms": {q: round(t, 4) for q, t in round_ms.items()},
+        "plain_decoder_round_ms": round(plain_ms, 4),
+        "identity_vs_plain": {k: agreement(runs[k]["tokens"], runs["plain"]["tokens"])
+                              for k in ("fixed", "adaptive")},
+        "warmup_seconds": warm, "measure_seconds": round(measure_s, 3),
+        "policy": {k: v for k, v in vars(cfg).items() if k not in ("forced", "round_ms")}}
+    return {"runs": runs, "summary": summary}
+
+
+def adaptive_markdown(summaries: list[dict]) -> str:
+    """The adaptive rows as a table: tokens/s of plain / fixed DFlash / adaptive per batch."""
+    if not summaries:
+        return ""
+    lines = ["", "Adaptive speculation (our runtime, same prompts per batch size): tokens/s",
+             "", "| batch | prompts | plain | DFlash fixed | adaptive | adaptive / max | "
+             "chosen q (rounds) | identical vs plain (fixed, adaptive) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        t, i = s["tokens_per_second"], s["identity_vs_plain"]
+        lines.append(f"| {s['batch']} | {s['prompts']} | {t['plain']} | {t['fixed']} | "
+                     f"{t['adaptive']} | {s['adaptive_over_best']:.3f} | "
+                     f"{' '.join(f'{q}:{n}' for q, n in s['block_lengths'].items())} | "
+                     f"{i['fixed']['identical']}/{i['fixed']['of']}, "
+                     f"{i['adaptive']['identical']}/{i['adaptive']['of']} |")
+    return "\n".join(lines) + "\n"
 
 
 def cold_worker(cfg: dict) -> dict:

@@ -62,8 +62,14 @@ class Survival:
     def observe_round(self, drafted: int, accepted: list[int]) -> None:
         """One round of a batch, its rows pooled: every row drafted positions 1..drafted and row
         i accepted `accepted[i]`; decays once per round (not once per row)."""
-        for k in range(min(drafted, self.positions)):
-            self.hits[k] = self.hits[k] * self.decay + sum(a > k for a in accepted)
+        g = min(drafted, self.positions)
+        at = [0] * (g + 1)  # rows by accepted length (capped at g)
+        for a in accepted:
+            at[min(a, g)] += 1
+        above = len(accepted)
+        for k in range(g):
+            above -= at[k]  # rows with accepted > k
+            self.hits[k] = self.hits[k] * self.decay + above
             self.seen[k] = self.seen[k] * self.decay + len(accepted)
 
     def values(self) -> list[float]:  # s_k, made non-increasing (a survival function)
@@ -80,7 +86,8 @@ class AdaptiveConfig:
 
     round_ms: q -> ms of one round at the decoder's batch (None: the decoder's own, measured by
     `fast.loop.measure_round_ms` after `warmup()`); the policy picks among these q (<= the call's
-    block_size). reads_every: most rounds issued at q > 1 before the next host read (and update).
+    block_size). reads_every: most rounds issued at q > 1 before the next host read (and update;
+    2 after the first choice, which rests on the prior alone).
     probe_every: after this many plain rounds, one round at the longest q whose round costs at
     most probe_cost x a plain round, so a batch whose drafts started to pass is noticed (0: never).
     plain_context: plain rounds also write the drafter's context (False: a plain round costs a
@@ -144,8 +151,8 @@ class BlockPolicy:
                     f"block length in [1, {self.max_q}] (block_size), got {q!r}")
             return q, self.cfg.reads_every
         q = best_block(self.round_ms, self.survival.values())
-        if q > 1:
-            return q, self.cfg.reads_every
+        if q > 1:  # the first choice rests on the prior alone: read back soon
+            return q, min(2, self.cfg.reads_every) if i == 0 else self.cfg.reads_every
         every = self.cfg.probe_every
         if every and self.probe_q and self.plain_rounds >= every:
             return self.probe_q, 1

@@ -407,13 +407,14 @@ def fast_generate(dec: FastDecoder, prompts: list[list[int]], *, block_size: int
     while True:
         if policy is None:
             done, out_len = torch.stack([dec.done.long(), dec.out_len]).tolist()  # the host read
-        else:  # the same one read, plus the rounds since the last one
-            flat = torch.cat([dec.done.long(), dec.out_len, dec.round_idx,
-                              dec.history[seen:len(issued)].flatten()]).tolist()
+        else:  # the same one read, plus the rounds since the last one (all of one g)
+            drafted = len(issued) > seen and issued[-1] > 0
+            flat = torch.cat([dec.done.long(), dec.out_len, dec.round_idx, dec.history[
+                seen:len(issued) if drafted else seen].flatten()]).tolist()
             done, out_len, recorded = flat[:b], flat[b:2 * b], flat[2 * b]
             for r in range(recorded - seen):
-                row = flat[2 * b + 1 + r * 3 * b:][:3 * b]
-                acc, live_r = row[b:2 * b], row[2 * b:]
+                at = 2 * b + 1 + r * 3 * b
+                acc, live_r = flat[at + b:at + 2 * b], flat[at + 2 * b:at + 3 * b]
                 policy.observe_round(issued[seen + r], [a for a, v in zip(acc, live_r) if v])
             seen = recorded
         live = [i for i in range(n_req) if not done[i]]

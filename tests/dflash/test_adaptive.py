@@ -105,7 +105,8 @@ def test_policy_pools_rows_and_probes_after_plain_rounds():
     cfg = AdaptiveConfig(reads_every=3, probe_every=5, probe_cost=1.35)
     costs = {1: 1.0, 2: 1.1, 4: 1.3, 8: 2.0, 16: 3.0}
     policy = BlockPolicy(cfg, costs, max_q=8, positions=15)  # block_size 8 drops q = 16
-    assert policy.choose() == (8, 3)  # prior s_k = 0.5: E(8) = 4.5 in 2 ms
+    assert policy.choose() == (8, 2)  # prior s_k = 0.5: E(8) = 4.5 in 2 ms; read back soon
+    assert policy.choose() == (8, 3)  # then reads_every rounds per read
     policy.observe_round(7, [0, 0, 0, 7])  # 4 rows pooled, decayed once: (0.9 + 1) / (1.8 + 4)
     # position 8 (not drafted) keeps its prior 0.5, capped by position 7: non-increasing
     assert policy.survival.values()[:8] == pytest.approx([1.9 / 5.8] * 8)
