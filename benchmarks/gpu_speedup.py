@@ -3,12 +3,18 @@
     python benchmarks/gpu_speedup.py --out out/gpu-speedup --compile --slow-limit 4   # H200, all
     python benchmarks/gpu_speedup.py --out out/gpu-cwi --compile --rows cold,warm,identity
     python benchmarks/gpu_speedup.py --plot out/gpu-speedup/results.json   # re-draw speedup.png
+    python benchmarks/gpu_speedup.py --out out/gpu-adaptive --compile --rows adaptive \
+        --batches 1 4 8 16 32 64                                  # adaptive speculation rows
 (--attention sdpa|triton picks our runtime's attention; default auto = Triton on CUDA.)
 Rows (greedy, EOS ignored so every request makes exactly --max-new-tokens tokens, bf16), by
 --rows group: `batches`: plain AR, prompt lookup and DFlash (B = 8, 16) in our fast runtime
 (static caches + CUDA graphs) at batch 1/4/16/32; `slow`: HF `generate` and the z-lab `dflash`
 loop (PyPI dflash 0.1.0) at batch 1, ours re-timed on the same prompts; `warm`: batch-1 AR vs
-DFlash after one full untimed pass over the same prompts; `cold`: first-request latency in a
+DFlash after one full untimed pass over the same prompts; `adaptive`: at each --batches size,
+plain AR vs fixed DFlash (B = 16) vs adaptive speculation (`fast_generate(adaptive=...)`, round
+times measured after warmup) on the first batch x --adaptive-k dev prompts (cycled when fewer),
+with the chosen-q histogram and token identity vs plain (`fast_rows.adaptive_batch`); `cold`:
+first-request latency in a
 fresh process with fresh Triton / inductor caches (AR and DFlash B = 16, batch 1), prompt
 bucketing off (--prefill-bucket 0, the old runtime) and on (after `FastDecoder.warmup()`);
 `identity`: bf16 token identity of DFlash / n-gram vs plain decoding in the same runtime, with
@@ -35,7 +41,7 @@ from common import FIXTURES, agreement, attempt, checkout_first, read_prompts, r
 
 checkout_first()
 
-from fast_rows import run_cold, run_ours, warm_up  # noqa: E402
+from fast_rows import adaptive_batch, adaptive_markdown, run_cold, run_ours, warm_up  # noqa: E402
 from gpu_projection import accept_times, project_8b, step_times  # noqa: E402
 from speedup_plot import markdown, plot  # noqa: E402
 from tree_rows import tree_rows  # noqa: E402
@@ -48,7 +54,8 @@ from dflash_plugin.loading import load_target  # noqa: E402
 from dflash_plugin.proposers import DFlashProposer  # noqa: E402
 
 FIX = FIXTURES
-GROUPS = ("batches", "slow", "warm", "cold", "identity", "fp32", "overhead", "8b", "tree")
+GROUPS = ("batches", "slow", "warm", "cold", "identity", "fp32", "overhead", "8b", "tree",
+          "adaptive")
 DEVICE = "cuda"
 
 
@@ -110,6 +117,10 @@ def main() -> None:
                    help="pad prompts to a multiple of this (0 = off, the old runtime)")
     p.add_argument("--invariant", action="store_true",
                    help="timed rows use the batch-invariant runtime (identity rows run both)")
+    p.add_argument("--adaptive-k", type=int, default=8,
+                   help="`adaptive` rows: batch x k dev prompts per batch size (--prompts file)")
+    p.add_argument("--adaptive-reads-every", type=int, default=8,
+                   help="`adaptive` rows: most rounds at q > 1 between host reads (policy updates)")
     p.add_argument("--cold-prompts", type=int, default=4,
                    help="never-seen prompt lengths timed per cold row")
     p.add_argument("--cold-timeout", type=int, default=400, help="seconds per cold process")
@@ -231,6 +242,26 @@ def main() -> None:
             print(f"  identity {name}: {res[name]}", flush=True)
     if "identity" in groups:
         attempt(R, "bf16 identity", identity)
+
+    # --- adaptive speculation vs plain and fixed DFlash, same prompts per batch size ---
+    def adaptive(batch):
+        every = build_prompts(tok, args.prompts, None)
+        n = batch * args.adaptive_k
+        ps = (every * -(-n // len(every)))[:n]
+        a_len = max(len(x) for x in every) + N + 16
+        mk = {"batch": batch, "max_len": a_len, "max_block": 16, "attention": args.attention,
+              "prefill_bucket": args.prefill_bucket, "invariant": args.invariant}
+        plain, dfl = build_decoder(model, None, **mk), build_decoder(model, drafter, **mk)
+        out = adaptive_batch(plain, dfl, ps, batch, N, {},  # new decoders: warm each
+                             reads_every=args.adaptive_reads_every)
+        for key, name, block in (("plain", "AR", 1), ("fixed", "DFlash fixed", 16),
+                                 ("adaptive", "adaptive", 16)):
+            add_row(f"ours {name} (adaptive set)", batch, block, out["runs"][key], len(ps))
+        out["summary"]["unique_prompts"] = min(n, len(every))
+        R.setdefault("adaptive", []).append(out["summary"])
+        print("  adaptive:", json.dumps(out["summary"]), flush=True)
+    for batch in args.batches if "adaptive" in groups else []:
+        attempt(R, f"adaptive b{batch}", lambda batch=batch: adaptive(batch))
 
     # --- our runtime: AR, n-gram, DFlash at every batch size ---
     for batch in args.batches if "batches" in groups else []:
@@ -400,7 +431,7 @@ def main() -> None:
 
     R["wall_seconds"] = time.perf_counter() - t_start
     write_json(out_dir / "results.json", R)
-    table = markdown(R)
+    table = markdown(R) + adaptive_markdown(R.get("adaptive", []))
     (out_dir / "table.md").write_text(table)
     print(table)
     attempt(R, "plot", lambda: plot(out_dir / "results.json", out_dir / "speedup.png"))
