@@ -134,6 +134,9 @@ def _check_prefix(q, k_cache, v_cache, block_table, prefix_lens, prefix_visible,
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, c, 4, (q.dtype,), q.device, contiguous=False, last_contiguous=True)
     check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    if v_cache.stride() != k_cache.stride():  # the kernel reads both with one set of strides
+        raise ValueError(f"v_cache: strides {v_cache.stride()} must equal k_cache's "
+                         f"{k_cache.stride()}")
     pages, ps, kvh, dk = k_cache.shape
     if dk != d or h % kvh:
         raise ValueError(f"k_cache: shape {tuple(k_cache.shape)} needs head_dim {d} and kv_heads "
@@ -198,7 +201,8 @@ def branch_attention(
     """Returns out [rows, branches, q_len, heads, dim] (out_dtype, default q.dtype), and with
     return_state also m, l [rows, branches, q_len, heads] fp32 (module docstring). Give the
     prefix arguments, the block arguments, or both. Only q-dtype tensors with a contiguous last
-    dim; any other strides (e.g. views into a larger cache) are used as they are."""
+    dim; any other strides (e.g. views into a larger cache) are used as they are. k_cache and
+    v_cache must share strides; k_blk / v_blk whose strides differ are copied to contiguous."""
     check_tensor("q", q, 5, _FLOATS, contiguous=False, last_contiguous=True)
     if out_dtype is not None and out_dtype not in _FLOATS:
         raise ValueError(f"out_dtype: {out_dtype} not allowed (float32, float16, bfloat16)")
@@ -255,6 +259,8 @@ def branch_attention(
     kc, vc = (k_cache, v_cache) if has_prefix else (q, q)
     bt = block_table if has_prefix else out
     kb, vb = (k_blk, v_blk) if has_block else (q, q)
+    if has_block and kb.stride() != vb.stride():  # one set of strides for both (a small copy)
+        kb, vb = kb.contiguous(), vb.contiguous()
     mask = blk_mask.view(torch.int8) if blk_mask is not None else out
     sm = ((blk_mask.stride(0) if blk_mask.dim() == 4 else 0, *blk_mask.stride()[-3:-1])
           if blk_mask is not None else (0, 0, 0))

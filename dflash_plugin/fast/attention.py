@@ -151,8 +151,6 @@ def attend(
 
     qs = q.transpose(1, 2)  # [batch, s, heads, d] (a view)
     if p.blk_mask is not None:  # the prefix from the cache, the block from the new K/V
-        if k_new.stride() != v_new.stride():  # the kernel reads v_blk with k_blk's strides
-            k_new, v_new = k_new.contiguous(), v_new.contiguous()
         out = branch_attention(qs[:, None], k.transpose(1, 2), v.transpose(1, 2), p.table,
                                p.lengths, k_blk=k_new[:, None], v_blk=v_new[:, None],
                                blk_mask=p.blk_mask, scale=d ** -0.5, validate=False,

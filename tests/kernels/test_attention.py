@@ -187,3 +187,19 @@ def test_bad_input_names_the_argument():
                                      v_cache=case["v_cache"][..., :8]))
     with pytest.raises(ValueError, match="q"):
         attn.branch_attention(**dict(case, q=case["q"].to(torch.int32)))
+
+
+def test_k_and_v_with_different_strides(monkeypatch):
+    """The kernel reads K and V with one set of strides: block K/V whose strides differ (views of
+    one fused qkv tensor, say) are copied; caches whose strides differ are refused."""
+    poison_empty(monkeypatch, attn)
+    case = make_case(2, 3, 3, 4, 4, 2, 64, 16, [21, 9], seed=3, mask="random")
+    kv = torch.stack([case["k_blk"], case["v_blk"]], dim=-2)  # [..., kv_heads, 2, dim]
+    odd = dict(case, k_blk=kv[..., 0, :], v_blk=kv.transpose(-3, -2).contiguous()
+               .transpose(-3, -2)[..., 1, :])
+    assert odd["k_blk"].stride() != odd["v_blk"].stride()
+    torch.testing.assert_close(attn.branch_attention(**odd).cpu(), ref_of(case)[0], rtol=2e-5,
+                               atol=2e-5)
+    vc = case["v_cache"].transpose(0, 1).contiguous().transpose(0, 1)  # same values, new strides
+    with pytest.raises(ValueError, match="v_cache: strides"):
+        attn.branch_attention(**dict(case, v_cache=vc))
