@@ -115,14 +115,15 @@ def rope_at(rope_tab, positions: torch.Tensor):  # positions [batch, q]
 def cache_attend(
     cache: StaticKVCache,
     layer: int,
-    positions: torch.Tensor,  # [batch, q] long
+    slots: torch.Tensor,  # [batch, q] long: where the new K/V go (their positions, or a tree's
+    #                       scratch slots)
     attn: AttnPlan,  # the forward's attention inputs (`attention.plan`)
 ):
-    """The fast runtime's `attend` hook: store the new K/V at their positions, then `attend`
-    over the static cache layer."""
+    """The fast runtime's `attend` hook: store the new K/V at `slots`, then `attend` over the
+    static cache layer (a plan with a block mask reads the new K/V themselves for the block)."""
     def hook(q, k, v):  # [batch, q, heads | kv_heads, head_dim]
-        cache.write(layer, k.transpose(1, 2), v.transpose(1, 2), positions)
-        return attend(attn, q.transpose(1, 2), cache.k[layer], cache.v[layer])
+        cache.write(layer, k.transpose(1, 2), v.transpose(1, 2), slots)
+        return attend(attn, q.transpose(1, 2), cache.k[layer], cache.v[layer], k, v)
     return hook
 
 
@@ -132,19 +133,25 @@ def target_forward(
     rope_tab: tuple[torch.Tensor, torch.Tensor],  # cos, sin [max_len, head_dim]
     ids: torch.Tensor,  # [batch, q]
     positions: torch.Tensor,  # [batch, q] long
-    visible: torch.Tensor,  # [batch, q] long: query i sees slots < visible[:, i] (positions + 1)
+    visible: torch.Tensor | None,  # [batch, q] long: query i sees slots < visible[:, i]
+    #                                (positions + 1); None with `attn`
     feature_layers: tuple[int, ...] = (),
     attention: str = "sdpa",  # `attention.BACKENDS`
     ops: Ops | None = None,  # None: `specdec_kernels.qwen3.default_ops()`
+    slots: torch.Tensor | None = None,  # [batch, q] long: K/V slots (None: `positions`)
+    attn: AttnPlan | None = None,  # a prebuilt plan (a tree's block mask) instead of `visible`
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # final-normed hidden [batch, q, hidden], feats
-    """One forward over q new tokens per row; their K/V land in `cache` at `positions`."""
+    """One forward over q new tokens per row; their K/V land in `cache` at `slots` (default
+    their positions; a tree block uses scratch slots and a block-mask plan)."""
     s = w.shape
     rope = rope_at(rope_tab, positions)
-    attn = plan(attention, visible, cache.slots, s.heads // s.kv_heads)
+    if attn is None:
+        attn = plan(attention, visible, cache.slots, s.heads // s.kv_heads)
+    slots = positions if slots is None else slots
     h = F.embedding(ids, w.embed)
     picked: dict[int, torch.Tensor] = {}
     for i, lw in enumerate(w.layers):
-        h = decoder_layer(lw, h, rope, cache_attend(cache, i, positions, attn), ops)
+        h = decoder_layer(lw, h, rope, cache_attend(cache, i, slots, attn), ops)
         if i in feature_layers:
             picked[i] = h
     hn = (ops.rms_norm if ops is not None else rms_norm)(h, w.norm, s.eps)  # ops: invariant

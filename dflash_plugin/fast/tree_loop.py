@@ -16,40 +16,16 @@ from __future__ import annotations
 import time
 
 import torch
-from specdec_kernels.qwen3 import decoder_layer
-from torch.nn import functional as F
 
 from ..errors import require
 from ..metrics import AggregateMetrics, GenerationResult, RequestMetrics
 from ..tree import capacity
-from .attention import attend, plan
+from .attention import plan
 from .drafter import context_write, draft_topk
 from .graphs import StepGraphs
 from .loop import AHEAD_CAP, FastDecoder, _accept_impl, _event, _sync
-from .qwen3 import rms_norm, rope_at
+from .qwen3 import target_forward
 from .tree_build import ancestor_mask, build_tree, greedy_path
-
-
-def tree_forward(dec: FastDecoder, ids, positions, slots, attn):
-    """The target's forward over a tree block (`qwen3.target_forward` with K/V written at
-    `slots` instead of `positions`, and a prebuilt block-mask plan). ids, positions, slots:
-    [batch, n + 1]. Returns final-normed hidden [batch, n + 1, hidden] and features."""
-    w, cache, s = dec.target, dec.tcache, dec.target.shape
-    rope = rope_at(dec.trope, positions)
-    h = F.embedding(ids, w.embed)
-    picked: dict[int, torch.Tensor] = {}
-    for i, lw in enumerate(w.layers):
-        def hook(q, k, v, i=i):  # [batch, n + 1, heads | kv_heads, head_dim]
-            cache.write(i, k.transpose(1, 2), v.transpose(1, 2), slots)
-            return attend(attn, q.transpose(1, 2), cache.k[i], cache.v[i], k, v)
-        h = decoder_layer(lw, h, rope, hook, dec.ops)
-        if i in dec.layer_ids:
-            picked[i] = h
-    hn = (dec.ops.rms_norm if dec.ops is not None else rms_norm)(h, w.norm, s.eps)
-    if s.layers - 1 in picked:
-        picked[s.layers - 1] = hn
-    feats = torch.cat([picked[i] for i in dec.layer_ids], -1) if dec.layer_ids else None
-    return hn, feats
 
 
 class TreeDecoder:
@@ -109,7 +85,9 @@ class TreeDecoder:
         slots = lengths[:, None] + torch.arange(n + 1, device=dec.device)
         attn = plan(dec.attention, lengths[:, None], dec.tcache.slots, s.heads // s.kv_heads,
                     block_mask=ancestor_mask(parents, d))
-        hn, feats = tree_forward(dec, ids, lengths[:, None] + depths, slots, attn)
+        hn, feats = target_forward(dec.target, dec.tcache, dec.trope, ids,
+                                   lengths[:, None] + depths, None, dec.layer_ids,
+                                   ops=dec.ops, slots=slots, attn=attn)
         choice = dec.linear(hn, dec.target.lm_head).argmax(-1)  # [batch, n + 1]
         path, acc = greedy_path(ids, parents, depths, choice, d)  # [batch, d + 1], [batch]
         self.tgt_path[:, :d + 1].copy_(choice.gather(1, path))
