@@ -3,8 +3,9 @@
 SGLang (0.5.23) serves z-lab checkpoints natively (`--speculative-algorithm DFLASH
 --speculative-draft-model-path DIR`); its parser reads `dflash_config.{mask_token_id,
 target_layer_ids}`, `block_size` and `num_target_layers`, so a drafter trained here runs there
-unchanged and nothing is registered for it: this package has no `sglang.srt.plugins` entry point
-(Spiffy and SpecFold own theirs). `check_draft_for_sglang` runs SGLang's own parser and
+unchanged. What SGLang lacks is registered under a name of its own by the `sglang.srt.plugins`
+entry point `dflash_plugin` (`register`): DFLASH_TREE, tree drafting verified through SGLang's
+EAGLE tree path (`sglang_tree_algo.py`). `check_draft_for_sglang` runs SGLang's own parser and
 target-layer selection on a drafter plus our pair check. Builtin algorithm names are reserved in
 SGLang; features SGLang lacks will register under names of their own.
 """
@@ -37,3 +38,12 @@ def check_draft_for_sglang(draft_dir: str | Path, target_config: Any,
     return {"block_size": parsed.resolve_block_size(default=16), "mask_token_id":
             parsed.mask_token_id, "mask_token": parsed.mask_token, "target_layer_ids": layers,
             "ours": ours}
+
+
+def register() -> None:
+    """The `sglang.srt.plugins` entry point `dflash_plugin` (loaded by SGLang's launcher, engine,
+    scheduler and detokenizer; SGLang's loader logs a failure). Idempotent: registers the
+    speculative algorithm DFLASH_TREE once, and its CUDA-graph capture hook."""
+    from .sglang_tree_algo import register as register_tree
+
+    register_tree()

@@ -9,7 +9,8 @@ from importlib import metadata
 
 EXPECTED = {
     "vllm.general_plugins": {"dflash_plugin": "dflash_plugin.engines.vllm:register"},
-    "sglang.srt.plugins": {"spiffy_plugin": "spiffy_plugin.engines.sglang:register",
+    "sglang.srt.plugins": {"dflash_plugin": "dflash_plugin.engines.sglang:register",
+                           "spiffy_plugin": "spiffy_plugin.engines.sglang:register",
                            "specfold_plugin": "specfold_plugin.engines.sglang:register"},
 }
 

@@ -1,0 +1,179 @@
+"""GPU bring-up of DFLASH_TREE in SGLang (issue 19): plain vs DFLASH vs DFLASH_TREE at node
+budgets 16/32/64 (top-4), on the bundled pair, 1 and 8 concurrent requests, greedy.
+
+Reports per (mode, concurrency): tokens/s (output tokens / wall time of the row), tau
+(sum completion_tokens / sum spec_verify_ct, SGLang's own counters) and greedy token identity
+against the plain run (requests identical / total, first differing position). One engine per
+process (`run --mode M`, one JSON each); `all` runs every mode in turn as subprocesses (an engine
+that fails to start is recorded as an error and the next mode still runs); `report` prints the
+table. First bring-up: add `--eager` (no CUDA graphs) to separate the worker from the graph hook.
+
+    O=benchmarks/results/gpu-tree-sglang
+    SGLANG_PLUGINS=dflash_plugin python benchmarks/gpu_tree_sglang.py all --out $O --eager
+    SGLANG_PLUGINS=dflash_plugin python benchmarks/gpu_tree_sglang.py all --out $O
+    python benchmarks/gpu_tree_sglang.py report --out $O
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "examples" / "fixtures"
+MODES = ["plain", "dflash", "tree16", "tree32", "tree64"]
+
+
+def engine_kwargs(args, mode: str) -> dict:
+    kw = dict(model_path=str(args.target), tokenizer_path=str(args.target), dtype="bfloat16",
+              context_length=4096, random_seed=0, max_running_requests=16,
+              disable_radix_cache=True, log_level="info")
+    if args.eager:
+        kw["disable_cuda_graph"] = True
+    if mode == "dflash":
+        kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=str(args.draft),
+                  speculative_num_draft_tokens=16)
+    elif mode.startswith("tree"):
+        kw.update(speculative_algorithm="DFLASH_TREE",
+                  speculative_draft_model_path=str(args.draft),
+                  speculative_num_draft_tokens=int(mode[4:]) + 1,
+                  speculative_eagle_topk=args.topk, attention_backend=args.attention_backend,
+                  speculative_draft_attention_backend=args.attention_backend)
+    return kw
+
+
+def prompts(args) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.target)
+    rows = [json.loads(line) for line in (FIX / "dev-prompts.jsonl").read_text().splitlines()]
+    texts = [r.get("prompt") or r.get("text") for r in rows][: args.prompts]
+    return [tok(t).input_ids for t in texts]
+
+
+def run_row(engine, ids: list[list[int]], conc: int, max_new: int) -> dict:
+    todo, out = iter(range(len(ids))), [None] * len(ids)
+    sp = {"max_new_tokens": max_new, "temperature": 0.0, "ignore_eos": True}
+
+    async def worker():
+        for i in todo:
+            r = await engine.async_generate(input_ids=ids[i], sampling_params=sp)
+            out[i] = (list(r["output_ids"]), r["meta_info"].get("spec_verify_ct"))
+
+    async def main():
+        await asyncio.gather(*(worker() for _ in range(conc)))
+
+    t0 = time.perf_counter()
+    engine.loop.run_until_complete(main())
+    wall = time.perf_counter() - t0
+    toks = sum(len(o[0]) for o in out)
+    rounds = [o[1] for o in out]
+    return {"concurrency": conc, "tokens_per_s": toks / wall, "wall_s": wall,
+            "tau": toks / sum(rounds) if all(rounds) else None,
+            "tokens": [o[0] for o in out]}
+
+
+def cmd_run(args) -> None:
+    import sglang
+
+    ids = prompts(args)
+    doc = {"mode": args.mode, "sglang": sglang.__version__, "kwargs": engine_kwargs(args,
+           args.mode), "rows": []}
+    path = Path(args.out) / f"{args.mode}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        engine = sglang.Engine(**doc["kwargs"])
+    except Exception as e:  # recorded: the bring-up wants the reason, not a crash
+        doc["error"] = f"{type(e).__name__}: {e}"
+        path.write_text(json.dumps(doc, indent=1))
+        raise
+    try:
+        run_row(engine, ids[:2], 1, 16)  # warm-up: first compile / graph replay paths
+        for conc in args.concurrency:
+            doc["rows"].append(run_row(engine, ids, conc, args.max_new_tokens))
+            path.write_text(json.dumps(doc, indent=1))
+    finally:
+        engine.shutdown()
+
+
+def cmd_all(args) -> None:
+    base = [sys.executable, __file__, "run", "--out", args.out, "--topk", str(args.topk),
+            "--prompts", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens),
+            "--attention-backend", args.attention_backend,
+            "--concurrency", *map(str, args.concurrency)] + (["--eager"] if args.eager else [])
+    env = dict(os.environ, SGLANG_PLUGINS=os.environ.get("SGLANG_PLUGINS", "dflash_plugin"))
+    for mode in args.modes:
+        print(f"== {mode}", flush=True)
+        rc = subprocess.run(base + ["--mode", mode], env=env).returncode
+        print(f"== {mode}: exit {rc}", flush=True)
+    cmd_report(args)
+
+
+def first_diff(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
+                None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def cmd_report(args) -> None:
+    docs = {}
+    for m in MODES:
+        p = Path(args.out) / f"{m}.json"
+        if p.is_file():
+            docs[m] = json.loads(p.read_text())
+    plain = {r["concurrency"]: r for r in docs.get("plain", {}).get("rows", [])}
+    print("| mode | conc | tok/s | x plain | tau | identical vs plain | first diff |")
+    print("|---|---|---|---|---|---|---|")
+    for m, d in docs.items():
+        if d.get("error"):
+            print(f"| {m} | - | error: {d['error'][:80]} | | | | |")
+        for r in d.get("rows", []):
+            ref = plain.get(r["concurrency"])
+            same = diffs = "-"
+            speed = "-"
+            if ref:
+                pairs = list(zip(r["tokens"], ref["tokens"]))
+                same = f"{sum(a == b for a, b in pairs)}/{len(pairs)}"
+                diffs = str(min((d for d in (first_diff(a, b) for a, b in pairs)
+                                 if d is not None), default="-"))
+                speed = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}"
+            tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
+            print(f"| {m} | {r['concurrency']} | {r['tokens_per_s']:.0f} | {speed} | {tau} | "
+                  f"{same} | {diffs} |")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("run", "all", "report"):
+        s = sub.add_parser(name)
+        s.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu-tree-sglang"))
+        if name == "report":
+            continue
+        s.add_argument("--target", type=Path, default=FIX / "code-target")
+        s.add_argument("--draft", type=Path, default=FIX / "code-target-dflash-b16")
+        s.add_argument("--topk", type=int, default=4)
+        s.add_argument("--prompts", type=int, default=16)
+        s.add_argument("--max-new-tokens", type=int, default=256)
+        s.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+        s.add_argument("--attention-backend", default="flashinfer")
+        s.add_argument("--eager", action="store_true", help="disable CUDA graphs")
+        if name == "run":
+            s.add_argument("--mode", choices=MODES, required=True)
+        else:
+            s.add_argument("--modes", nargs="+", choices=MODES, default=MODES)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    {"run": cmd_run, "all": cmd_all, "report": cmd_report}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

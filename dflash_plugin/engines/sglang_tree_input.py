@@ -1,0 +1,156 @@
+"""DFlash token trees as SGLang's tree-verify input (what `EagleVerifyInput` carries).
+
+Per request b: the *root* is the bonus token (tree index 0, at position seq_len[b], the first
+token without KV), node i of our tree (`fast/tree_build.build_tree`, `tree.build_tree`) has tree
+index i + 1 and its parent a smaller tree index, so tree order is already parent-before-child.
+W = N + 1 (root + N nodes) is SGLang's `draft_token_num`. Built here, batched, on the tensors'
+device and without host syncs: draft tokens, positions (seq_len + depth), the FULL custom mask
+(per request W rows of [prefix: True]*seq_len + ancestor-or-self over the W tree tokens, requests
+concatenated), and the retrieve links SGLang's greedy / sampling kernels walk: index (global
+b * W + i), next_token (first child, smallest index) and next_sibling (next larger index with the
+same parent); -1 for none. SGLang is imported only by `verify_input_class` (lazily).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from ..fast.tree_build import ancestor_mask
+
+
+@dataclass(frozen=True)
+class TreeVerifyTensors:
+    draft_token: torch.Tensor  # [bs * W] long, root first per request
+    positions: torch.Tensor  # [bs * W] long, seq_len + depth
+    custom_mask: torch.Tensor  # [W * seq_lens_sum + bs * W * W] bool (FULL_MASK layout)
+    retrieve_index: torch.Tensor  # [bs, W] long, b * W + i
+    retrieve_next_token: torch.Tensor  # [bs, W] long, first child or -1
+    retrieve_next_sibling: torch.Tensor  # [bs, W] long, next sibling or -1
+    anc: torch.Tensor  # [bs, W, W] bool, ancestor-or-self (the mask's tree part)
+    draft_token_num: int  # W
+    max_tree_depth: int  # D + 1: the accept_index width (path incl. the root)
+
+
+def full_parents(parents: torch.Tensor) -> torch.Tensor:  # [bs, W] long, root's parent: 0
+    """Prepend the root (its own parent) to the nodes' parents `[bs, N]` (tree indices)."""
+    return torch.cat([parents.new_zeros(parents.shape[0], 1), parents], 1).long()
+
+
+def tree_links(
+    parents: torch.Tensor,  # [bs, W] long, from `full_parents`
+) -> tuple[torch.Tensor, torch.Tensor]:  # next_token, next_sibling [bs, W] long (-1: none)
+    """First child (smallest tree index) and next sibling (next larger index, same parent)."""
+    bs, w = parents.shape
+    idx = torch.arange(w, device=parents.device)
+    node = idx > 0  # the root is nobody's child
+    child = (parents[:, None, :] == idx[None, :, None]) & node  # [bs, i, j]: j is a child of i
+    first = torch.where(child, idx, w).min(-1).values
+    same = (parents[:, :, None] == parents[:, None, :]) & (idx[None, :] > idx[:, None])
+    same = same & node[None, :, None] & node[None, None, :]  # [bs, j, k]: k after sibling j
+    sib = torch.where(same, idx, w).min(-1).values
+    none = torch.full_like(first, -1)
+    return torch.where(first < w, first, none), torch.where(sib < w, sib, none)
+
+
+def full_mask(
+    anc: torch.Tensor,  # [bs, W, W] bool ancestor-or-self
+    seq_lens: torch.Tensor,  # [bs] committed prefix lengths (device)
+    seq_lens_sum: int,  # host int: sum(seq_lens) (SGLang keeps it on the batch)
+    out: torch.Tensor | None = None,  # [>= total] bool buffer (a backend's graph mask buffer)
+) -> torch.Tensor:  # [W * seq_lens_sum + bs * W * W] bool
+    """SGLang's FULL_MASK: per request W rows of seq_len + W columns, requests concatenated;
+    the prefix columns are True, the last W columns the tree's ancestor-or-self rows."""
+    bs, w, _ = anc.shape
+    total = w * seq_lens_sum + bs * w * w
+    if out is None:
+        out = torch.ones(total, dtype=torch.bool, device=anc.device)
+    else:
+        out = out[:total]
+        out.fill_(True)
+    lens = seq_lens.long()
+    start = w * (torch.cumsum(lens, 0) - lens) + torch.arange(bs, device=anc.device) * w * w
+    row = lens + w  # [bs] row length
+    i = torch.arange(w, device=anc.device)
+    at = (start[:, None, None] + i[None, :, None] * row[:, None, None] + lens[:, None, None]
+          + i[None, None, :])  # [bs, W, W] flat position of anc[b, i, j]
+    out.scatter_(0, at.reshape(-1), anc.reshape(-1))
+    return out
+
+
+def build_verify_tensors(
+    tokens: torch.Tensor,  # [bs, N] draft tokens in tree order (parent before child)
+    parents: torch.Tensor,  # [bs, N] tree index of each node's parent (0 = root)
+    depths: torch.Tensor,  # [bs, N] 1..D
+    root: torch.Tensor,  # [bs] the bonus token (root of each tree)
+    seq_lens: torch.Tensor,  # [bs] committed prefix length (the root's position)
+    seq_lens_sum: int,  # host int: sum(seq_lens)
+    max_depth: int,  # D: static bound on depths (the drafter block - 1, or N)
+    mask_out: torch.Tensor | None = None,  # optional FULL-mask buffer to fill
+) -> TreeVerifyTensors:
+    """Everything SGLang's tree verification reads, from our tree tensors (no host sync)."""
+    bs, n = tokens.shape
+    w = n + 1
+    par = full_parents(parents)
+    dep = torch.cat([depths.new_zeros(bs, 1), depths], 1).long()
+    anc = ancestor_mask(par, max(1, max_depth))
+    nxt, sib = tree_links(par)
+    draft = torch.cat([root.reshape(bs, 1).to(tokens.dtype), tokens], 1).long().reshape(-1)
+    positions = (seq_lens.long()[:, None] + dep).reshape(-1)
+    index = (torch.arange(bs, device=tokens.device)[:, None] * w
+             + torch.arange(w, device=tokens.device)[None, :])
+    return TreeVerifyTensors(draft, positions, full_mask(anc, seq_lens, seq_lens_sum, mask_out),
+                             index, nxt, sib, anc, w, max_depth + 1)
+
+
+def check_tree_order(parents: torch.Tensor) -> None:  # [bs, N] (host sync: tests/debug only)
+    """Raise unless every node's parent has a smaller tree index (parent before child)."""
+    idx = torch.arange(1, parents.shape[1] + 1, device=parents.device)
+    bad = (parents < 0) | (parents >= idx)
+    if bool(bad.any()):
+        raise ValueError(f"parents: every node's parent must precede it (tree index < own "
+                         f"index), got {parents.tolist()}")
+
+
+@cache
+def verify_input_class() -> type:
+    """`DFlashTreeVerifyInput`: SGLang's `EagleVerifyInput` with the depth bound and the
+    irregular-tree marker of our trees (the NGRAM precedent); everything else, including the
+    version-specific `generate_attn_arg_prefill`, is SGLang's."""
+    from dataclasses import dataclass as _dc
+
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    @_dc
+    class DFlashTreeVerifyInput(EagleVerifyInput):
+        tree_depth: int = 1  # D + 1 (see TreeVerifyTensors.max_tree_depth)
+
+        @property
+        def max_tree_depth(self) -> int:
+            return self.tree_depth
+
+        @property
+        def tree_topk(self) -> int:
+            return -1  # irregular tree: no fixed per-level branching
+
+    return DFlashTreeVerifyInput
+
+
+def make_verify_input(t: TreeVerifyTensors, *, seq_lens_sum: int, seq_lens_cpu: torch.Tensor,
+                      topk: int, capture_hidden_mode=None, **extra):
+    """A `DFlashTreeVerifyInput` from `t` (SGLang imported here). `topk` >= 2 keeps SGLang's
+    tree-path KV compaction on (it is gated on topk > 1); `extra` passes version-specific
+    fields (0.5.23: prepared_out_cache_loc, kv_loc_plan)."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    cls = verify_input_class()
+    return cls(draft_token=t.draft_token, custom_mask=t.custom_mask, positions=t.positions,
+               retrieve_index=t.retrieve_index, retrieve_next_token=t.retrieve_next_token,
+               retrieve_next_sibling=t.retrieve_next_sibling, retrieve_cum_len=None,
+               spec_steps=t.max_tree_depth - 1, topk=max(2, topk),
+               draft_token_num=t.draft_token_num,
+               capture_hidden_mode=capture_hidden_mode or CaptureHiddenMode.FULL,
+               seq_lens_sum=seq_lens_sum, seq_lens_cpu=seq_lens_cpu,
+               tree_depth=t.max_tree_depth, **extra)
