@@ -11,6 +11,7 @@ Survival is tracked with exponential decay, so it follows a request's (or batch'
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -88,12 +89,14 @@ class AdaptiveConfig:
     `fast.loop.measure_round_ms` after `warmup()`); the policy picks among these q (<= the call's
     block_size). reads_every: most rounds issued at q > 1 before the next host read (and update;
     2 after the first choice, which rests on the prior alone).
-    probe_every: after this many plain rounds, one round at the longest q whose round costs at
-    most probe_cost x a plain round, so a batch whose drafts started to pass is noticed (0: never).
+    probe_every: after at least this many plain rounds, one round at the longest measured q, so
+    a batch whose drafts started to pass is noticed (0: never); probes come further apart when
+    needed to cost at most probe_overhead of the plain rounds' time.
     plain_context: plain rounds also write the drafter's context (default; False: a plain round
     costs a plain step, but drafts after a plain stretch see stale context there, so probes
     accept less and the policy can stay plain where speculation pays: measured on the H200,
-    batch 1 stuck at q = 1 for 430 of 680 rounds, 0.79x of fixed DFlash). forced: a fixed q, or a function of the decision index (0, 1, ...) -> q
+    batch 1 stuck at q = 1 for 430 of 680 rounds, 0.79x of fixed DFlash).
+    forced: a fixed q, or a function of the decision index (0, 1, ...) -> q
     (tests)."""
 
     round_ms: dict[int, float] | None = None
@@ -101,7 +104,7 @@ class AdaptiveConfig:
     prior: float = 0.5
     reads_every: int = 16
     probe_every: int = 16
-    probe_cost: float = 1.5
+    probe_overhead: float = 0.05
     plain_context: bool = True
     forced: int | Callable[[int], int] | None = None
 
@@ -112,7 +115,8 @@ class AdaptiveConfig:
                     f"block lengths >= 1 with positive times, got {self.round_ms}")
         require(self.reads_every >= 1, "reads_every", f"must be >= 1, got {self.reads_every}")
         require(self.probe_every >= 0, "probe_every", f"must be >= 0, got {self.probe_every}")
-        require(self.probe_cost >= 1, "probe_cost", f"must be >= 1, got {self.probe_cost}")
+        require(0 < self.probe_overhead <= 1, "probe_overhead",
+                f"must be in (0, 1], got {self.probe_overhead}")
         require(self.forced is None or callable(self.forced) or (
             isinstance(self.forced, int) and self.forced >= 1), "forced",
             f"a block length >= 1 or a function of the decision index, got {self.forced!r}")
@@ -135,8 +139,12 @@ class BlockPolicy:
         self.decisions = 0
         self.plain_rounds = 0  # plain rounds since the last drafted one
         t1 = self.round_ms.get(1)
-        cheap = [q for q, t in self.round_ms.items() if q > 1 and t1 and t <= cfg.probe_cost * t1]
-        self.probe_q = max(cheap, default=None)
+        longer = [q for q in self.round_ms if q > 1]
+        self.probe_q = max(longer) if t1 and longer else None
+        self.probe_every = cfg.probe_every  # plain rounds between probes: probe_overhead at most
+        if self.probe_q and cfg.probe_every:
+            extra = self.round_ms[self.probe_q] / t1 - 1
+            self.probe_every = max(cfg.probe_every, math.ceil(extra / cfg.probe_overhead))
 
     def observe_round(self, drafted: int, accepted: list[int]) -> None:
         self.survival.observe_round(drafted, accepted)
@@ -154,7 +162,7 @@ class BlockPolicy:
         q = best_block(self.round_ms, self.survival.values())
         if q > 1:  # the first choice rests on the prior alone: read back soon
             return q, min(2, self.cfg.reads_every) if i == 0 else self.cfg.reads_every
-        every = self.cfg.probe_every
+        every = self.probe_every
         if every and self.probe_q and self.plain_rounds >= every:
             return self.probe_q, 1
         return 1, every - self.plain_rounds if every and self.probe_q else 1 << 30

@@ -247,19 +247,23 @@ class FastDecoder:
         return time.perf_counter() - t0
 
     # ---- one round ----
-    def _round_steps(self, q: int, ctx: bool = True) -> None:
+    def _round_steps(self, q: int, ctx: bool = True, drafted: int | None = None) -> None:
         if q > 1:
-            self._draft(q)
+            self._draft(max(q, drafted or q))
         self._verify(q, ctx)
         self._accept(q)
 
     def round(self, q: int, host_draft: list[list[int]] | None = None, events=None,
-              ctx: bool = True) -> None:
+              ctx: bool = True, drafted: int | None = None) -> None:
         """One round of block length q; `ctx=False` skips the drafter's context write (adaptive
-        plain rounds: a plain step's cost; later drafts see those positions' stale slots)."""
+        plain rounds: a plain step's cost; later drafts see those positions' stale slots).
+        `drafted`: the drafter runs a block of this length (>= q) and the target verifies its
+        first q - 1 drafts (the adaptive policy: a DFlash drafter trained on blocks of B drafts
+        worse in shorter blocks, so its drafts, and their acceptance, stay those of length B)."""
         tag = () if ctx else ("no-ctx",)
+        dl = max(q, drafted or q)
         if self.fuse_round and events is None and host_draft is None:
-            self.steps.run(("round", q, *tag), lambda: self._round_steps(q, ctx),
+            self.steps.run(("round", q, dl, *tag), lambda: self._round_steps(q, ctx, dl),
                            restore=self._state())
             return
         if events is not None:
@@ -267,7 +271,7 @@ class FastDecoder:
         if q > 1 and host_draft is not None:
             self.draft_ids[:, :q - 1].copy_(torch.tensor(host_draft), non_blocking=True)
         elif q > 1:
-            self.steps.run(("draft", q), lambda: self._draft(q))
+            self.steps.run(("draft", dl), lambda: self._draft(dl))
         if events is not None:
             events[1].record()
         self.steps.run(("verify", q, *tag), lambda: self._verify(q, ctx))
@@ -317,14 +321,15 @@ def _sync(device):
 
 @torch.inference_mode()
 def measure_round_ms(dec: FastDecoder, candidates=None, *, reps: int = 5, rounds: int = 4,
-                     context: int | None = None, plain_context: bool = False
-                     ) -> dict[int, float]:
+                     context: int | None = None, plain_context: bool = True,
+                     drafted: int | None = None) -> dict[int, float]:
     """Milliseconds of one round at each block length q in `candidates` (default `CANDIDATES`
     up to max_block) for the decoder's whole batch, at a context of `context` tokens (default:
     half the cache): per q, a prefill, two untimed rounds, then the median over `reps` runs of
-    `rounds` back-to-back rounds (CUDA events; the host clock elsewhere). q > 1 rounds draft
-    with the drafter; q = 1 is a plain step (with the drafter's context write only when
-    `plain_context`, as `AdaptiveConfig.plain_context` runs it).
+    `rounds` back-to-back rounds (CUDA events; the host clock elsewhere). q > 1 rounds draft a
+    block of `drafted` (default max_block, as the adaptive loop does) and verify q; q = 1 is a
+    plain step (with the drafter's context write when `plain_context`, as
+    `AdaptiveConfig.plain_context` runs it).
     Call after `warmup()` (else the first rounds capture graphs); outputs are unchanged (every
     generation starts with a prefill, which resets all state). Stored in `dec.round_ms`."""
     if candidates is None:
@@ -343,14 +348,15 @@ def measure_round_ms(dec: FastDecoder, candidates=None, *, reps: int = 5, rounds
     for q in cands:
         dec.prefill([[0] * width] * dec.batch, dec.max_len - dec.max_block - width)
         ctx = q > 1 or plain_context
+        dl = drafted or dec.max_block
         for _ in range(2):
-            dec.round(q, ctx=ctx)
+            dec.round(q, ctx=ctx, drafted=dl)
         spans = []
         for _ in range(reps):
             a, b = _event(dec.device), _event(dec.device)
             a.record()
             for _ in range(rounds):
-                dec.round(q, ctx=ctx)
+                dec.round(q, ctx=ctx, drafted=dl)
             b.record()
             spans.append((a, b))
         _sync(dec.device)
@@ -394,6 +400,7 @@ def fast_generate(dec: FastDecoder, prompts: list[list[int]], *, block_size: int
     policy = None
     if adaptive is not None and adaptive is not False:
         policy = _policy(dec, adaptive, proposer, bsz)
+    top = bsz  # the policy's longest block: the drafter's block in every adaptive round
     dev = dec.device
     agg = AggregateMetrics([RequestMetrics(prompt_tokens=len(p)) for p in prompts])
     t0 = time.perf_counter()
@@ -437,7 +444,8 @@ def fast_generate(dec: FastDecoder, prompts: list[list[int]], *, block_size: int
             host = [c + [c[-1] if c else a] * (g - len(c)) for c, a in zip(host, last)]
         for _ in range(max(1, min(ahead, cap))):
             ev = [_event(dev) for _ in range(4)] if profile else None
-            dec.round(g + 1, host, ev, ctx=policy is None or g > 0 or policy.cfg.plain_context)
+            dec.round(g + 1, host, ev, ctx=policy is None or g > 0 or policy.cfg.plain_context,
+                      drafted=top if policy is not None else None)
             issued.append(g)
             if ev:
                 timing.append(ev)

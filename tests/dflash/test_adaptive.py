@@ -102,7 +102,7 @@ def test_policy_picks_speculation_only_where_it_pays(round_ms, accepted, want):
 
 
 def test_policy_pools_rows_and_probes_after_plain_rounds():
-    cfg = AdaptiveConfig(reads_every=3, probe_every=5, probe_cost=1.35)
+    cfg = AdaptiveConfig(reads_every=3, probe_every=5, probe_overhead=0.2)
     costs = {1: 1.0, 2: 1.1, 4: 1.3, 8: 2.0, 16: 3.0}
     policy = BlockPolicy(cfg, costs, max_q=8, positions=15)  # block_size 8 drops q = 16
     assert policy.choose() == (8, 2)  # prior s_k = 0.5: E(8) = 4.5 in 2 ms; read back soon
@@ -115,14 +115,17 @@ def test_policy_pools_rows_and_probes_after_plain_rounds():
     assert policy.choose() == (1, 5)  # plain, for at most probe_every rounds
     for _ in range(5):
         policy.observe_round(0, [0, 0, 0, 0])  # plain rounds: no drafts, the estimate stays
-    assert policy.choose() == (4, 1)  # one probe at the longest q within 1.35 x plain
+    assert policy.choose() == (8, 1)  # one probe at the longest q: (2 - 1) / 5 <= 0.2
+    # a probe costing 1 extra plain round every 5 is over 5 %: probes 20 plain rounds apart
+    assert BlockPolicy(AdaptiveConfig(probe_every=5), costs, 8, 15).probe_every == 20
     forced = BlockPolicy(AdaptiveConfig(forced=lambda i: [4, 1][i % 2]), {}, 8, 15)
     assert forced.choose() == (4, AdaptiveConfig().reads_every)
 
 
 @pytest.mark.parametrize("kw,field", [
     ({"reads_every": 0}, "reads_every"), ({"probe_every": -1}, "probe_every"),
-    ({"probe_cost": 0.5}, "probe_cost"), ({"forced": 0}, "forced"), ({"round_ms": {}}, "round_ms"),
+    ({"probe_overhead": 0}, "probe_overhead"), ({"forced": 0}, "forced"),
+    ({"round_ms": {}}, "round_ms"),
     ({"round_ms": {0: 1.0}}, "round_ms"), ({"decay": 0.0}, "decay")])
 def test_adaptive_config_bad_input(kw, field):
     with pytest.raises(ConfigError, match=field):
@@ -176,7 +179,8 @@ def test_forced_plain_is_plain_decoding_and_never_drafts(runs, monkeypatch):
     monkeypatch.setattr(fast_loop, "draft_block", no_draft)
     monkeypatch.setattr(fast_loop, "context_write", write)
     res = fast_generate(runs.dec4, runs.prompts, block_size=16, max_new_tokens=NEW,
-                        stop_token_ids=(runs.stop,), adaptive=AdaptiveConfig(forced=1))
+                        stop_token_ids=(runs.stop,),
+                        adaptive=AdaptiveConfig(forced=1, plain_context=False))
     assert res.tokens == runs.plain4
     assert len(writes) == 1  # the prompt's context (prefill); plain rounds write none
     assert set(res.metrics.block_lengths) == {1} and res.metrics.tau == 1.0
