@@ -14,6 +14,7 @@ read around each cell.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -26,7 +27,11 @@ PREFIX = "vllm:spec_decode_"
 def start(target: str, speculative_config: dict | None, *, max_num_seqs: int,
           dtype: str = "auto", max_model_len: int = 2048, seed: int = 0,
           enforce_eager: bool = False, extra: dict | None = None):  # -> vllm.LLM
-    """A `vllm.LLM` for the target, with `speculative_config` (None: no speculation)."""
+    """A `vllm.LLM` for the target, with `speculative_config` (None: no speculation). Engine
+    cores start by spawn unless the caller chose otherwise: after the first engine this
+    process has touched CUDA, and a forked core then fails ("Cannot re-initialize CUDA in
+    forked subprocess", seen with vLLM 0.26.0 on the H200)."""
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     import vllm
 
     kw = dict(model=target, tokenizer=target, dtype=dtype, max_model_len=max_model_len,

@@ -205,8 +205,8 @@ def test_batch_wide_forced_folds_and_layer_gate():
     per, total = batch.branches * batch.n, 3 * batch.branches * batch.n
     g = torch.Generator().manual_seed(0)
     roots = (torch.arange(3 * batch.branches) % batch.branches == 0)[:, None]
-    forced = [tuple((torch.rand(3 * batch.branches, batch.n, generator=g) < 0.6) & ~roots
-                    for _ in range(2)) for _ in range(layers)]
+    forced = [tuple(((torch.rand(3 * batch.branches, batch.n, generator=g) < 0.6) & ~roots)
+                    .to(DEV) for _ in range(2)) for _ in range(layers)]
     with torch.inference_mode():
         for ffn_gate in ("own", "layer"):
             want, counts, _ = ff.folded_exact(model, batch, prefix, 0.1, [(per, per)] * layers,
