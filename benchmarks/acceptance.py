@@ -15,7 +15,7 @@ import json
 import time
 
 import torch
-from common import DEV_PROMPTS, fixture, read_prompts, run_info, write_json
+from bench.common import DEV_PROMPTS, fixture, read_prompts, run_info, write_json
 
 from dflash_plugin.checkpoint import check_compatible, load_drafter
 from dflash_plugin.cli import stop_ids

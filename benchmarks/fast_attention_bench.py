@@ -22,11 +22,11 @@ import traceback
 from pathlib import Path
 
 import torch
-from common import DEV_PROMPTS, FIXTURES, checkout_first, read_prompts, run_info, write_json
+from bench.common import DEV_PROMPTS, FIXTURES, checkout_first, read_prompts, run_info, write_json
 
 checkout_first()
 
-from gpu_projection import QWEN3_8B, step_times  # noqa: E402
+from bench.projection import QWEN3_8B, step_times  # noqa: E402
 
 from dflash_plugin.fast.drafter import random_drafter  # noqa: E402
 from dflash_plugin.fast.loop import FastDecoder, fast_generate  # noqa: E402

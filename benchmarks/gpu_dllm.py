@@ -22,7 +22,7 @@ trajectory as one-step decoding in fewer forwards, so outputs must equal LowConf
 batch up to --graph-max-bs sequences unless --eager; a Spiffy forward holds 1 + D* sequences per
 request), times the first request alone (cold), then an untimed pass over all prompts at every
 concurrency (--warmup-tokens new tokens), then per concurrency one timed closed-loop pass (see
-engine_rows.py): wall time, output tokens/s, every prompt's output ids. Forwards: the sum of
+bench/engine_rows.py): wall time, output tokens/s, every prompt's output ids. Forwards: the sum of
 the algorithm's own per-block log lines ("Spiffy block: ... forwards=F steps=S"); one-step
 decoding of the same blocks takes S + 1 forwards per block. The engine runs at log level "info"
 (sgl.Engine's default, "error", drops those lines); its log goes to --log.
@@ -39,7 +39,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from engine_rows import EngineSpec, Sampling, gpu_name, start_engine
+from bench.engine_rows import EngineSpec, Sampling, gpu_name, start_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "examples" / "fixtures"

@@ -49,8 +49,8 @@ Method (`run`): prompts are tokenized once with the target's tokenizer and sent 
 (ignore_eos); T=0 is greedy, T>0 samples with seed (--seed + prompt index) per request (vLLM
 honours per-request seeds; SGLang only in its deterministic mode, so its T=1 runs are unseeded).
 Concurrency is a closed loop: exactly `concurrency` requests in flight, a finished one replaced
-at once by the next prompt (see engine_rows.py). Before timing: the first request alone (timed,
-`cold_first_request_s`), then an untimed pass over all prompts at every (temperature,
+at once by the next prompt (see bench/engine_rows.py). Before timing: the first request alone
+(timed, `cold_first_request_s`), then an untimed pass over all prompts at every (temperature,
 concurrency) with --warmup-tokens new tokens (all batch shapes and sampling paths). Prefix
 caching is off unless --prefix-caching, so repeated prompts are real prefills. Per row: wall
 time, output tokens/s (all generated tokens / wall), TTFT (vLLM only; null for SGLang), tau
@@ -59,7 +59,7 @@ from the engine's own counters (deltas around the row) and every prompt's output
 `round-cost`: a target of --shape (qwen3-8b: hidden 4096, 36 layers, 32/8 heads of 128, FFN
 12288, vocab 151936) with load_format="dummy" random weights, the fixture tokenizer, and a
 5-layer z-lab DFlash drafter for it (target_layer_ids [1, 9, 17, 25, 33]; random safetensors,
-about 2 GB, loaded for real: vLLM's drafter breaks on dummy weights, see engine_rows.py);
+about 2 GB, loaded for real: vLLM's drafter breaks on dummy weights, see bench/engine_rows.py);
 batch 1, a --prompt-tokens prompt; acceptance is ~0 with random weights. Per repeat,
 time(--decode-tokens new tokens) - time(1 new token) is divided by the decode steps (plain) or by
 the drafter rounds counted by the engine (DFlash); medians over --repeats.
@@ -76,11 +76,11 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common import checkout_first
+from bench.common import checkout_first
 
-checkout_first()  # this checkout's dflash_plugin (engine_rows imports it)
+checkout_first()  # this checkout's dflash_plugin (bench.engine_rows imports it)
 
-from engine_rows import (  # noqa: E402
+from bench.engine_rows import (  # noqa: E402
     SHAPES,
     EngineSpec,
     Sampling,
@@ -460,7 +460,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     c.add_argument("--work-dir", default=None, help="where the config dirs go (default: temp)")
     c.add_argument("--draft-weights", choices=("random", "dummy"), default="random",
                    help="random: write random drafter safetensors and load them; dummy: the "
-                   "engine's dummy loader for the drafter too (fails in vLLM, see engine_rows)")
+                   "engine's dummy loader for the drafter too (fails in vLLM, see "
+                   "bench/engine_rows)")
     c.set_defaults(func=cmd_round_cost)
 
     m = sub.add_parser("report", help="merge JSONs into a markdown table and a PNG plot")

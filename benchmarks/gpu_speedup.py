@@ -13,18 +13,18 @@ loop (PyPI dflash 0.1.0) at batch 1, ours re-timed on the same prompts; `warm`: 
 DFlash after one full untimed pass over the same prompts; `adaptive`: at each --batches size,
 plain AR vs fixed DFlash (B = 16) vs adaptive speculation (`fast_generate(adaptive=...)`, round
 times measured after warmup) on the first batch x --adaptive-k dev prompts (cycled when fewer),
-with the chosen-q histogram and token identity vs plain (`fast_rows.adaptive_batch`); `cold`:
-first-request latency in a
-fresh process with fresh Triton / inductor caches (AR and DFlash B = 16, batch 1), prompt
-bucketing off (--prefill-bucket 0, the old runtime) and on (after `FastDecoder.warmup()`);
+with the chosen-q histogram and token identity vs plain (`bench.fast_rows.adaptive_batch`);
+`cold`: first-request latency in a fresh process with fresh Triton / inductor caches (AR and
+DFlash B = 16, batch 1), prompt bucketing off (--prefill-bucket 0, the old runtime) and on (after
+`FastDecoder.warmup()`);
 `identity`: bf16 token identity of DFlash / n-gram vs plain decoding in the same runtime, with
 the batch-invariant runtime (`invariant=True`) off and on; `fp32`: fp32 identity vs the
 reference loop, HF and z-lab; `overhead`: per-round overhead vs isolated graph timings; `8b`: the
-Qwen3-8B-shape projection; `tree`: greedy tree rounds (node budgets 16-128, B = 16) vs linear DFlash
-vs AR at batch 1 and 8 (`tree_rows.py`). Every timed row runs after `FastDecoder.warmup()` over its
-shapes (all padded prompt widths, or exactly its prompts' widths with bucketing off; every block
-length). Every part runs in its own try/except. Writes DIR/results.json, DIR/table.md,
-DIR/speedup.png (matplotlib when installed, else Pillow).
+Qwen3-8B-shape projection (`bench/projection.py`); `tree`: greedy tree rounds (node budgets
+16-128, B = 16) vs linear DFlash vs AR at batch 1 and 8 (`bench/tree_rows.py`). Every timed row
+runs after `FastDecoder.warmup()` over its shapes (all padded prompt widths, or exactly its
+prompts' widths with bucketing off; every block length). Every part runs in its own try/except.
+Writes DIR/results.json, DIR/table.md, DIR/speedup.png (matplotlib when installed, else Pillow).
 """
 
 from __future__ import annotations
@@ -37,14 +37,28 @@ import time
 from pathlib import Path
 
 import torch
-from common import FIXTURES, agreement, attempt, checkout_first, read_prompts, run_info, write_json
+from bench.common import (
+    FIXTURES,
+    agreement,
+    attempt,
+    checkout_first,
+    read_prompts,
+    run_info,
+    write_json,
+)
 
 checkout_first()
 
-from fast_rows import adaptive_batch, adaptive_markdown, run_cold, run_ours, warm_up  # noqa: E402
-from gpu_projection import accept_times, project_8b, step_times  # noqa: E402
-from speedup_plot import markdown, plot  # noqa: E402
-from tree_rows import tree_rows  # noqa: E402
+from bench.fast_rows import (  # noqa: E402
+    adaptive_batch,
+    adaptive_markdown,
+    run_cold,
+    run_ours,
+    warm_up,
+)
+from bench.plot import markdown, plot  # noqa: E402
+from bench.projection import accept_times, project_8b, step_times  # noqa: E402
+from bench.tree_rows import tree_rows  # noqa: E402
 
 from dflash_plugin.checkpoint import load_drafter  # noqa: E402
 from dflash_plugin.fast import build_decoder, fast_generate  # noqa: E402
@@ -413,7 +427,7 @@ def main() -> None:
     if "overhead" in groups and "batches" in groups:
         attempt(R, "round overhead", overhead)
 
-    # --- tree rounds vs linear DFlash vs AR (benchmarks/tree_rows.py) ---
+    # --- tree rounds vs linear DFlash vs AR (benchmarks/bench/tree_rows.py) ---
     if "tree" in groups:
         attempt(R, "tree rounds", lambda: tree_rows(R, model, drafter, prompts, N, max_len, args,
                                                      add_row))

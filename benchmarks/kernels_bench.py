@@ -18,7 +18,7 @@ import platform
 import traceback
 from pathlib import Path
 
-from common import checkout_first, event_ms, run_info, write_json
+from bench.common import checkout_first, event_ms, run_info, write_json
 
 
 def parse():

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import DEV_PROMPTS, fixture, read_prompts, span, write_json
+from bench.common import DEV_PROMPTS, fixture, read_prompts, span, write_json
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dflash_plugin.engines.vllm_server import VLLMServer, free_port, request

@@ -27,8 +27,9 @@ from itertools import product
 from pathlib import Path
 
 import torch
-from common import DEV_PROMPTS, fixture, read_prompts, run_info, span, wall_ms, write_json
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+from bench.common import DEV_PROMPTS, fixture, read_prompts, run_info, span, wall_ms, write_json
+from bench.specfold import forced_gate, model_8b
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specfold_plugin.fold import folded_forward
 from specfold_plugin.specfold import agreement_summary, specfold_generate
@@ -148,21 +149,6 @@ def run_steps(model, evals, graph, deltas, max_new, log):
     return rows
 
 
-def forced_gate(ratios: tuple[float, float], dev):
-    """A gate that folds a fixed share of draft rows: ratios[0] at the attention gate, [1] at the
-    FFN gate (folded_layer calls the gate in that order)."""
-    gen = torch.Generator(device=dev).manual_seed(0)
-    calls = [0]
-
-    def gate_fn(h, parents, delta):
-        r = ratios[calls[0] % 2]
-        calls[0] += 1
-        fold = torch.rand(h.shape[:2], generator=gen, device=dev) < r
-        fold[0] = False
-        return fold
-    return gate_fn
-
-
 def latency_rows(runner, blocks, parents, deltas, ratios, dev, iters, label):
     """Dense vs folded verify latency of one branch batch; real gate (`ratios` None) or forced."""
     nfe = runner.nfe
@@ -214,16 +200,6 @@ def run_latency(model, prompt, graph, deltas, branches, max_new, dev, iters, sam
                     | {"shape": "fixture", "branches": b, "delta": delta, "samples": len(sel)})
                 log(summary[-1])
     return summary
-
-
-def model_8b(layers: int, dev):
-    cfg = Qwen3Config(hidden_size=4096, intermediate_size=12288, num_hidden_layers=layers,
-                      num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                      vocab_size=151936, max_position_embeddings=40960, rope_theta=1e6,
-                      tie_word_embeddings=False, eos_token_id=None, pad_token_id=None)
-    cfg.dllm_block_size, cfg.mask_token_id = 16, 151669
-    with torch.device(dev):
-        return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
 
 
 def run_8b(layers, context, deltas, branches, ratios, dev, iters, log):

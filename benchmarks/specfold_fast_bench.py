@@ -39,7 +39,7 @@ import traceback
 from pathlib import Path
 from typing import NamedTuple
 
-from common import (
+from bench.common import (
     DEV_PROMPTS,
     checkout_first,
     fixture,
@@ -55,8 +55,8 @@ if "--dry-run" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 import torch  # noqa: E402
+from bench.specfold import forced_gate, model_8b  # noqa: E402
 from specdec_kernels import reference as ref  # noqa: E402
-from specfold_bench import forced_gate, model_8b  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config  # noqa: E402
 
 from specfold_plugin import fast_layers as fl  # noqa: E402

@@ -19,7 +19,15 @@ import json
 import time
 from pathlib import Path
 
-from common import DEV_PROMPTS, checkout_first, fixture, read_prompts, run_info, span, write_json
+from bench.common import (
+    DEV_PROMPTS,
+    checkout_first,
+    fixture,
+    read_prompts,
+    run_info,
+    span,
+    write_json,
+)
 
 checkout_first()  # this checkout's packages, not an installed copy
 

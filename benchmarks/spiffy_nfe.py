@@ -14,7 +14,7 @@ import argparse
 import time
 
 import torch
-from common import DEV_PROMPTS, fixture, read_prompts, span, write_json
+from bench.common import DEV_PROMPTS, fixture, read_prompts, span, write_json
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from spiffy_plugin.calibrate import calibration_chains, graph_from_chains, rule_name

@@ -2,9 +2,9 @@
 record every results file carries (date, machine, device, versions, commit, command), JSON
 writing and timing, and two helpers of the side-by-side scripts (`attempt`, `agreement`).
 
-Entry points run as `python benchmarks/NAME.py`, so this folder is on `sys.path` and they import
-this module as `common`; `checkout_first()` puts the repo root before any installed copy of the
-packages.
+Entry points run as `python benchmarks/NAME.py`, so `benchmarks/` is on `sys.path` and they import
+this module as `bench.common`; `checkout_first()` puts the repo root (and `benchmarks/`) before any
+installed copy of the packages.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "examples" / "fixtures"
 DEV_PROMPTS = FIXTURES / "dev-prompts.jsonl"
 
@@ -31,7 +31,7 @@ def fixture(name: str) -> Path:
 
 
 def checkout_first() -> None:
-    """This checkout's packages (and this folder) first on sys.path."""
+    """This checkout's packages (and `benchmarks/`, for `bench`) first on sys.path."""
     for p in (str(ROOT / "benchmarks"), str(ROOT)):
         if p in sys.path:
             sys.path.remove(p)

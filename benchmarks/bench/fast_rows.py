@@ -3,9 +3,9 @@ shape a pass hits), `run_ours` (a timed pass over prompts in chunks of a batch),
 (`adaptive_batch`: plain vs fixed DFlash vs adaptive speculation at one batch size; the table
 `adaptive_markdown`) and *cold rows*:
 the first-request latency of a batch-1 decoder in a fresh process with empty Triton and inductor
-caches (`run_cold` starts this file as that process; `cold_worker` is what it runs):
+caches (`run_cold` starts this module as that process; `cold_worker` is what it runs):
 
-    python benchmarks/fast_rows.py '{"device": "cuda", "proposer": "ar", "bucket": 0, ...}'
+    PYTHONPATH=benchmarks python -m bench.fast_rows '{"device": "cuda", "proposer": "ar", ...}'
 
 A cold row reports: load_s (weights), startup_s (`FastDecoder.warmup()`, bucketing on; 0 off),
 first_request_s (the process's first request), new_length_s (requests of prompt lengths not
@@ -25,7 +25,8 @@ import time
 from collections import Counter
 
 import torch
-from common import agreement, checkout_first, read_prompts
+
+from .common import agreement, checkout_first, read_prompts
 
 checkout_first()
 
@@ -192,11 +193,13 @@ def cold_worker(cfg: dict) -> dict:
 def run_cold(cfg: dict, timeout: int) -> dict:
     """`cold_worker` in a child process with empty Triton and inductor caches."""
     tmp = tempfile.mkdtemp(prefix="cold-")
+    bench_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # for `bench`
+    path = os.pathsep.join(x for x in (bench_dir, os.environ.get("PYTHONPATH")) if x)
     env = {**os.environ, "TRITON_CACHE_DIR": f"{tmp}/triton", "PYTHONUNBUFFERED": "1",
-           "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor"}
+           "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor", "PYTHONPATH": path}
     t0 = time.perf_counter()
     try:
-        r = subprocess.run([sys.executable, __file__, json.dumps(cfg)], env=env,
+        r = subprocess.run([sys.executable, "-m", "bench.fast_rows", json.dumps(cfg)], env=env,
                            capture_output=True, text=True, timeout=timeout)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

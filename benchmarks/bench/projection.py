@@ -4,15 +4,14 @@ T(q) = one target verify forward of q query tokens per row (graph replay, contex
 committed tokens); T_draft(q) = one drafter block forward + LM head; `accept_times` = the
 acceptance step, eager vs compiled. The projection is the speedup implied by an acceptance length
 tau: tau * T(1) / (T(B) + T_draft(B)). Random weights: only the shapes matter for time. Used
-by `gpu_speedup.py` and `fast_attention_bench.py`; runs standalone too:
-    python benchmarks/gpu_projection.py --tau 3.2
+by `gpu_speedup.py` and `fast_attention_bench.py`; the projection alone (tau 3.0 unless DFlash
+batch-1 rows run too, whose tau it then takes):
+    python benchmarks/gpu_speedup.py --out OUT --rows 8b
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 
 import torch
 
@@ -82,16 +81,3 @@ def project_8b(taus: dict[str, float], ctx: int = 1024, draft_layers: int = 5,
         torch.cuda.empty_cache()
     return res
 
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--tau", type=float, default=3.2)
-    p.add_argument("--ctx", type=int, default=1024)
-    p.add_argument("--attention", default="sdpa", choices=["sdpa", "triton"])
-    args = p.parse_args()
-    print(json.dumps(project_8b({"dflash B16": args.tau}, args.ctx, attention=args.attention),
-                     indent=1, default=str))
-
-
-if __name__ == "__main__":
-    main()

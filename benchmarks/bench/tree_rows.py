@@ -15,8 +15,9 @@ from __future__ import annotations
 import time
 
 import torch
-from common import agreement, checkout_first
-from fast_rows import run_ours, warm_up
+
+from .common import agreement, checkout_first
+from .fast_rows import run_ours, warm_up
 
 checkout_first()
 

@@ -1,0 +1,8 @@
+"""The one helper package of the benchmark entry points (`python benchmarks/NAME.py` puts
+`benchmarks/` on `sys.path`, so they import it as `bench`):
+`common` (paths, fixtures, prompts, run record, JSON, timing, `attempt`, `agreement`,
+`checkout_first`), `fast_rows` (timed passes, adaptive and cold rows of our fast runtime),
+`tree_rows` (tree rounds), `projection` (graph-timed steps, Qwen3-8B-shape projection), `plot`
+(the report of `gpu_speedup.py`), `engine_rows` (vLLM / SGLang back-ends of `gpu_engines.py` and
+`gpu_dllm.py`), `specfold` (forced gate and 8B-shape model of the SpecFold benchmarks).
+"""
