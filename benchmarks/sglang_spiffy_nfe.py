@@ -40,7 +40,8 @@ BLOCK = re.compile(r"Spiffy block: rid=(\S+) forwards=(\d+) steps=(\d+) accepted
 def server_env() -> dict[str, str]:
     path = [str(ROOT), str(ROOT / ".venv" / "sglang"), str(ROOT / "tests/engines/sglang_env/site")]
     path += [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(path), SGLANG_PLUGINS="spiffy_plugin,specfold_plugin",
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path),
+                SGLANG_PLUGINS="spiffy_plugin,specfold_plugin",
                 OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
 
 

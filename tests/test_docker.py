@@ -28,6 +28,7 @@ ENGINES = {"vllm": ("VLLM_IMAGE", r"vllm/vllm-openai:v\d+\.\d+\.\d+$"),
            "sglang": ("SGLANG_IMAGE", r"lmsysorg/sglang:v\d+\.\d+\.\d+-cu\d+$")}
 KNOWN = {"ARG", "FROM", "RUN", "COPY", "WORKDIR", "ENV", "LABEL", "ENTRYPOINT", "CMD", "USER"}
 ENTRY_POINTS = {("vllm.general_plugins", "dflash_plugin"): "dflash_plugin.engines.vllm:register",
+                ("sglang.srt.plugins", "dflash_plugin"): "dflash_plugin.engines.sglang:register",
                 ("sglang.srt.plugins", "spiffy_plugin"): "spiffy_plugin.engines.sglang:register",
                 ("sglang.srt.plugins", "specfold_plugin"):
                     "specfold_plugin.engines.sglang:register"}

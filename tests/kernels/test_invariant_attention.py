@@ -64,9 +64,9 @@ def test_invariant_decoder_is_token_identical(qwen3_target):
     dec = build_decoder(target, drafter, batch=2, max_len=64, graphs=False, attention="triton",
                         invariant=True)
     assert dec.attention == "triton-invariant"
-    res = fast_generate(dec, prompts, block_size=8, max_new_tokens=24)
-    assert res.tokens == greedy_reference(target, prompts, 24)
-    ar = fast_generate(dec, prompts, block_size=1, max_new_tokens=24, proposer="ar")
+    res = fast_generate(dec, prompts, block_size=8, max_new_tokens=12)
+    assert res.tokens == greedy_reference(target, prompts, 12)
+    ar = fast_generate(dec, prompts, block_size=1, max_new_tokens=12, proposer="ar")
     assert ar.tokens == res.tokens
 
 
@@ -86,7 +86,7 @@ def test_invariant_decoder_bf16_verify_equals_decode(qwen3_target):
     dec = build_decoder(target, drafter, batch=2, max_len=64, graphs=False, attention="triton",
                         invariant=True)
     assert dec.ops.rms_norm.__module__ == "specdec_kernels.norm"
-    ar = fast_generate(dec, prompts, block_size=1, max_new_tokens=20, proposer="ar").tokens
-    assert fast_generate(dec, prompts, block_size=16, max_new_tokens=20).tokens == ar
-    assert fast_generate(dec, prompts, block_size=16, max_new_tokens=20,
+    ar = fast_generate(dec, prompts, block_size=1, max_new_tokens=10, proposer="ar").tokens
+    assert fast_generate(dec, prompts, block_size=16, max_new_tokens=10).tokens == ar
+    assert fast_generate(dec, prompts, block_size=16, max_new_tokens=10,
                          proposer="ngram").tokens == ar

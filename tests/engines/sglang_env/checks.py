@@ -57,7 +57,8 @@ def test_whitelist_names_each_package(monkeypatch):
     """`SGLANG_PLUGINS` selects by entry-point name: each package can be loaded alone."""
     from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
 
-    for allowed in ("specfold_plugin", "spiffy_plugin", "spiffy_plugin,specfold_plugin"):
+    for allowed in ("specfold_plugin", "spiffy_plugin", "dflash_plugin",
+                    "spiffy_plugin,specfold_plugin"):
         monkeypatch.setenv("SGLANG_PLUGINS", allowed)
         found = load_plugins_by_group(GENERAL_PLUGINS_GROUP)
         assert sorted(found) == sorted(allowed.split(",")), found

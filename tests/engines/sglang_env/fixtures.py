@@ -11,8 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 FIX = ROOT / "examples" / "fixtures"
 DLLM = FIX / "code-dllm"
-# This distribution's `sglang.srt.plugins` entry points, one per package (DFlash needs none).
-ENTRY_POINTS = {"spiffy_plugin": "spiffy_plugin.engines.sglang:register",
+# This distribution's `sglang.srt.plugins` entry points, one per package.
+ENTRY_POINTS = {"dflash_plugin": "dflash_plugin.engines.sglang:register",
+                "spiffy_plugin": "spiffy_plugin.engines.sglang:register",
                 "specfold_plugin": "specfold_plugin.engines.sglang:register"}
 
 
