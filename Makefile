@@ -59,7 +59,7 @@ serve: $(STAMP)
 		--speculative-config '{"method": "dflash", "model": "$(DRAFT)", "num_speculative_tokens": $(K)}'
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
