@@ -46,7 +46,7 @@ ITERS, WARMUP = (3, 1) if ARGS.dry_run else (ARGS.iters, 20)
 
 
 def timed(fn) -> float:
-    """Median milliseconds of fn() over ITERS calls (CUDA events on GPU)."""
+    """Median milliseconds of fn() (`triton.testing.do_bench` on GPU; ITERS calls elsewhere)."""
     return event_ms(fn, DEV, ITERS, WARMUP)
 
 

@@ -1,6 +1,8 @@
 """The sampling filters every package shares (torch only): top-k on scores, top-p (nucleus) on
-probabilities. DFlash's target/drafter transform (`dflash_plugin.sampling.sampling_probs`) and
-Spiffy's denoising step (`spiffy_plugin.decode.step_distribution`) both call these.
+probabilities, banned ids on logits. DFlash's target/drafter transform
+(`dflash_plugin.sampling.sampling_probs`) and Spiffy's denoising step
+(`spiffy_plugin.decode.step_distribution`) call the first two; every dLLM forward (Spiffy's
+runner and replay, SpecFold's folded forwards) bans the mask / pad ids with `ban_tokens`.
 
 top-p keeps, in descending order of probability, every token whose preceding mass is < top_p
 (so at least the most probable one), then renormalises.
@@ -31,3 +33,12 @@ def top_p_filter(
     drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p
     kept = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
     return kept / kept.sum(-1, keepdim=True)
+
+
+def ban_tokens(
+    logits: torch.Tensor,  # [..., vocab]
+    banned,  # token ids never to predict (mask, pad); empty: unchanged
+) -> torch.Tensor:  # the same tensor, -inf at the banned ids (in place)
+    if banned:
+        logits[..., list(banned)] = float("-inf")
+    return logits

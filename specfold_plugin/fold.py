@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 from specdec_kernels.qwen3 import Ops, Rows, decoder_layer, layer_weights
+from specdec_kernels.sampling import ban_tokens
 
 from spiffy_plugin.errors import require
 from spiffy_plugin.runtime import BlockDiffusionRunner
@@ -127,7 +128,6 @@ def folded_forward(
         if stats is not None:
             stats.add_layer(i, qkv_rows, ffn_rows, runner.cached)
     logits = runner.model.lm_head(base.norm(h)).float()
-    if runner.spec.banned_token_ids:
-        logits[..., list(runner.spec.banned_token_ids)] = float("-inf")
+    ban_tokens(logits, runner.spec.banned_token_ids)
     runner.nfe += 1
     return logits

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 import torch
+from specdec_kernels.sampling import ban_tokens
 
 from spiffy_plugin.errors import require
 from spiffy_plugin.runtime import BlockDiffusionRunner
@@ -198,8 +199,7 @@ def folded_forward_fast(
         for i, (qkv, ffn) in enumerate(counts[:, :, 0].tolist()):
             stats.add_layer(i, qkv, ffn, runner.cached)
     logits = logits.view(k, n, -1)
-    if runner.spec.banned_token_ids:
-        logits[..., list(runner.spec.banned_token_ids)] = float("-inf")
+    ban_tokens(logits, runner.spec.banned_token_ids)
     runner.nfe += 1
     return logits
 
@@ -216,7 +216,6 @@ def dense_forward_fast(runner: BlockDiffusionRunner,
     h, _, _ = run_layers(model, model.model.embed_tokens(batch.ids), batch,
                          runner_prefix(runner), None, None)
     logits = logits_of(model, h).view(k, n, -1)
-    if runner.spec.banned_token_ids:
-        logits[..., list(runner.spec.banned_token_ids)] = float("-inf")
+    ban_tokens(logits, runner.spec.banned_token_ids)
     runner.nfe += 1
     return logits

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from specdec_kernels.sampling import ban_tokens
 from transformers import DynamicCache
 
 from .errors import require
@@ -100,6 +101,4 @@ class BlockDiffusionRunner:
             layer.values = layer.values[..., : self.cached, :]
         self.nfe += 1
         logits = out.logits[0, n:].float().view(k, bs, -1)
-        if self.spec.banned_token_ids:
-            logits[..., list(self.spec.banned_token_ids)] = float("-inf")
-        return logits
+        return ban_tokens(logits, self.spec.banned_token_ids)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from specdec_kernels.sampling import ban_tokens
 
 from .decode import DLLMResult, choose_unmask, start_decoding, step_distribution
 from .errors import require
@@ -130,8 +131,7 @@ def replay(
     while True:
         logits = logits.float()
         if banned:
-            logits = logits.clone()
-            logits[:, list(banned)] = float("-inf")
+            logits = ban_tokens(logits.clone(), banned)
         probs = step_distribution(logits, params)
         pos, toks = choose_unmask(probs, decodable(ids), params, generator)
         ids[pos.to(ids.device)] = toks.to(ids.device, ids.dtype)

@@ -117,23 +117,16 @@ def wall_ms(fn, device=None, iters: int = 10, warmup: int = 3) -> float:
 
 
 def event_ms(fn, device=None, iters: int = 200, warmup: int = 20) -> float:
-    """Median milliseconds of fn() between CUDA events on a CUDA device (the host clock
-    elsewhere)."""
+    """Median milliseconds of one fn() call: on a CUDA device `triton.testing.do_bench` (CUDA
+    events, the L2 cache flushed between calls, as many calls as fit its 100 ms after a 25 ms
+    warm-up; `iters` / `warmup` apply to the host clock only); the host clock elsewhere."""
     import torch
 
     if device is None or torch.device(device).type != "cuda":
         return wall_ms(fn, None, iters, warmup)
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
 def graph_ms(fn, dev, iters: int):
