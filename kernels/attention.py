@@ -44,6 +44,18 @@ def _online_step(acc, m_i, l_i, s, v, PREC: tl.constexpr):
 
 
 @triton.jit
+def _tile_scores(q, k_ptr, v_ptr, off, mask, d, qk_scale, UPCAST: tl.constexpr,
+                 PREC: tl.constexpr):
+    """One key tile at element offsets `off` [BN] (+ d): the scores q k^T * scale [BM, BN] and
+    the values [BN, BD] (fp32 when UPCAST; masked keys load as 0)."""
+    k = tl.load(k_ptr + off[:, None] + d[None, :], mask=mask, other=0.0)
+    v = tl.load(v_ptr + off[:, None] + d[None, :], mask=mask, other=0.0)
+    if UPCAST:
+        k, v = k.to(tl.float32), v.to(tl.float32)
+    return tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale, v
+
+
+@triton.jit
 def _branch_attn_kernel(
         q_ptr, kc_ptr, vc_ptr, bt_ptr, plen_ptr, pvis_ptr, kb_ptr, vb_ptr, mask_ptr,
         out_ptr, m_ptr, l_ptr,
@@ -87,11 +99,8 @@ def _branch_attn_kernel(
             page = tl.load(bt_ptr + row * sbt_r + j // PS, mask=j_ok, other=0).to(tl.int64)
             kv_off = page * sc_p + (j % PS) * sc_s + kvh * sc_h
             kv_mask = j_ok[:, None] & d_ok[None, :]
-            k = tl.load(kc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(vc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if UPCAST:
-                k, v = k.to(tl.float32), v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+            s, v = _tile_scores(q, kc_ptr, vc_ptr, kv_off, kv_mask, d, qk_scale, UPCAST,
+                                PREC)
             s = tl.where(j[None, :] < vis_len[:, None], s, float("-inf"))
             acc, m_i, l_i = _online_step(acc, m_i, l_i, s, v, PREC)
     if HAS_BLOCK:
@@ -106,11 +115,8 @@ def _branch_attn_kernel(
             kp = u % BL
             kv_off = row.to(tl.int64) * sb_r + kb * sb_b + kp * sb_t + kvh * sb_h
             kv_mask = u_ok[:, None] & d_ok[None, :]
-            k = tl.load(kb_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(vb_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if UPCAST:
-                k, v = k.to(tl.float32), v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+            s, v = _tile_scores(q, kb_ptr, vb_ptr, kv_off, kv_mask, d, qk_scale, UPCAST,
+                                PREC)
             vis = (kb[None, :] == b[:, None]) & u_ok[None, :] & t_ok[:, None]
             if HAS_MASK:
                 mk_off = row * sm_r + b[:, None] * sm_b + qp[:, None] * sm_q + kp[None, :]
@@ -129,26 +135,25 @@ def _branch_attn_kernel(
         tl.store(l_ptr + s_off, l_i, mask=t_ok)
 
 
-def _check_prefix(q, k_cache, v_cache, block_table, prefix_lens, prefix_visible, validate):
-    rows, nb, _, h, d = q.shape
+def check_paged_cache(q, heads: int, dim: int, k_cache, v_cache, block_table, prefix_lens,
+                      validate: bool) -> tuple[int, int, int]:
+    """The paged prefix arguments both attention kernels take (one set of strides for K and V,
+    pages in use within the pool); `validate` adds the checks that read the device (a sync).
+    Returns (pages, page_size, kv_heads)."""
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, c, 4, (q.dtype,), q.device, contiguous=False, last_contiguous=True)
     check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    if v_cache.stride() != k_cache.stride():  # the kernel reads both with one set of strides
+    if v_cache.stride() != k_cache.stride():  # the kernels read both with one set of strides
         raise ValueError(f"v_cache: strides {v_cache.stride()} must equal k_cache's "
                          f"{k_cache.stride()}")
     pages, ps, kvh, dk = k_cache.shape
-    if dk != d or h % kvh:
-        raise ValueError(f"k_cache: shape {tuple(k_cache.shape)} needs head_dim {d} and kv_heads "
-                         f"dividing the {h} query heads")
+    if dk != dim or heads % kvh:
+        raise ValueError(f"k_cache: shape {tuple(k_cache.shape)} needs head_dim {dim} and "
+                         f"kv_heads dividing the {heads} query heads")
     check_tensor("block_table", block_table, 2, _INTS, q.device, contiguous=False,
                  last_contiguous=True)
-    check_shape("block_table", block_table, (rows, None))
     check_tensor("prefix_lens", prefix_lens, 1, _INTS, q.device)
-    check_shape("prefix_lens", prefix_lens, (rows,))
-    if prefix_visible is not None:
-        check_tensor("prefix_visible", prefix_visible, 2, _INTS, q.device)
-        check_shape("prefix_visible", prefix_visible, (rows, nb))
+    check_shape("prefix_lens", prefix_lens, (block_table.shape[0],))
     if validate:  # host reads: a sync on GPU (hot loops pass validate=False)
         cap = block_table.shape[1] * ps
         if bool(((prefix_lens < 0) | (prefix_lens > cap)).any()):
@@ -156,9 +161,18 @@ def _check_prefix(q, k_cache, v_cache, block_table, prefix_lens, prefix_visible,
                              f"size), got {prefix_lens.tolist()}")
         j = torch.arange(block_table.shape[1], device=q.device)
         used = j[None] * ps < prefix_lens[:, None]
-        bad = used & ((block_table < 0) | (block_table >= pages))
-        if bool(bad.any()):
+        if bool((used & ((block_table < 0) | (block_table >= pages))).any()):
             raise ValueError(f"block_table: entries in use must lie in [0, {pages})")
+    return pages, ps, kvh
+
+
+def _check_prefix(q, k_cache, v_cache, block_table, prefix_lens, prefix_visible, validate):
+    rows, nb, _, h, d = q.shape
+    check_shape("block_table", block_table, (rows, None))
+    check_paged_cache(q, h, d, k_cache, v_cache, block_table, prefix_lens, validate)
+    if prefix_visible is not None:
+        check_tensor("prefix_visible", prefix_visible, 2, _INTS, q.device)
+        check_shape("prefix_visible", prefix_visible, (rows, nb))
 
 
 def _check_block(q, k_blk, v_blk, blk_mask):

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_shape, check_tensor, next_pow2
-from .attention import _LOG2E, _auto_splits, _online_step
+from .attention import _LOG2E, _auto_splits, _online_step, _tile_scores, check_paged_cache
 from .merge import merge_partials
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -68,11 +68,8 @@ def _packed_attn_kernel(
                                other=0).to(tl.int64)
                 kv_off = page * sc_p + (j % PS) * sc_s + kvh * sc_h
                 kv_mask = j_ok[:, None] & d_ok[None, :]
-                k = tl.load(kc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-                v = tl.load(vc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-                if UPCAST:
-                    k, v = k.to(tl.float32), v.to(tl.float32)
-                s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+                s, v = _tile_scores(q, kc_ptr, vc_ptr, kv_off, kv_mask, d, qk_scale, UPCAST,
+                                    PREC)
                 s = tl.where(mine[:, None] & j_ok[None, :], s, float("-inf"))
                 acc, m_i, l_i = _online_step(acc, m_i, l_i, s, v, PREC)
     if HAS_BLOCK:
@@ -87,11 +84,8 @@ def _packed_attn_kernel(
                 u_ok = u < BL
                 kv_off = (zero64 + b) * sb_b + u * sb_t + kvh * sb_h
                 kv_mask = u_ok[:, None] & d_ok[None, :]
-                k = tl.load(kb_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-                v = tl.load(vb_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-                if UPCAST:
-                    k, v = k.to(tl.float32), v.to(tl.float32)
-                s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+                s, v = _tile_scores(q, kb_ptr, vb_ptr, kv_off, kv_mask, d, qk_scale, UPCAST,
+                                    PREC)
                 vis = mine[:, None] & u_ok[None, :]
                 if HAS_MASK:
                     mk = tl.load(mask_ptr + i.to(tl.int64)[:, None] * sm_r + u[None, :],
@@ -111,29 +105,11 @@ def _check_prefix(q, row_request, k_cache, v_cache, block_table, prefix_lens, va
     h, d = q.shape[1:]
     check_tensor("row_request", row_request, 1, _INTS, q.device)
     check_shape("row_request", row_request, (q.shape[0],))
-    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        check_tensor(name, c, 4, (q.dtype,), q.device, contiguous=False, last_contiguous=True)
-    check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    pages, ps, kvh, dk = k_cache.shape
-    if dk != d or h % kvh:
-        raise ValueError(f"k_cache: shape {tuple(k_cache.shape)} needs head_dim {d} and kv_heads "
-                         f"dividing the {h} query heads")
-    check_tensor("block_table", block_table, 2, _INTS, q.device, contiguous=False,
-                 last_contiguous=True)
-    check_tensor("prefix_lens", prefix_lens, 1, _INTS, q.device)
-    check_shape("prefix_lens", prefix_lens, (block_table.shape[0],))
-    if validate:  # host reads: a sync on GPU (hot loops pass validate=False)
+    if validate:  # a host read (sync on GPU)
         reqs = block_table.shape[0]
         if bool(((row_request < -1) | (row_request >= reqs)).any()):
             raise ValueError(f"row_request: entries must lie in [-1, {reqs}) (block_table rows)")
-        cap = block_table.shape[1] * ps
-        if bool(((prefix_lens < 0) | (prefix_lens > cap)).any()):
-            raise ValueError(f"prefix_lens: must lie in [0, {cap}] (block_table pages x page "
-                             f"size), got {prefix_lens.tolist()}")
-        j = torch.arange(block_table.shape[1], device=q.device)
-        used = j[None] * ps < prefix_lens[:, None]
-        if bool((used & ((block_table < 0) | (block_table >= pages))).any()):
-            raise ValueError(f"block_table: entries in use must lie in [0, {pages})")
+    _, ps, kvh = check_paged_cache(q, h, d, k_cache, v_cache, block_table, prefix_lens, validate)
     return kvh, ps
 
 

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..tune import Cell, Finished, report
+from ..tune import Cell, Finished, measure_cells, report
 
 
 def start(target: str, draft: str, k: int, *, max_running_requests: int, dtype: str = "auto",
@@ -59,29 +59,19 @@ def closed_loop(engine, prompts: list[list[int]], max_tokens: int, concurrency: 
 
 
 def measure_engine(engine, k: int, prompts: list[list[int]], concurrencies: list[int], *,
-                   max_new_tokens: int, waves: int = 2, min_requests: int = 1,
-                   warmup_tokens: int = 8,
-                   temperature: float = 0.0, seed: int = 0,
-                   log: Callable[[str], None] = print) -> list[Cell]:
-    def batch(c: int) -> list[list[int]]:
-        return [prompts[i % len(prompts)] for i in range(max(waves * c, min_requests))]
+                   temperature: float = 0.0, seed: int = 0, **run) -> list[Cell]:
+    """The cells of one started engine (`tune.measure_cells`; tau = committed tokens per
+    verify round, from each request's `spec_verify_ct`)."""
+    def serve(ids, new_tokens, c):
+        return closed_loop(engine, ids, new_tokens, c, temperature)
 
-    for c in concurrencies:  # untimed: every batch shape once
-        closed_loop(engine, batch(c), warmup_tokens, c, temperature)
-    cells = []
-    for c in concurrencies:
-        ids = batch(c)
-        t0 = time.perf_counter()
-        done = closed_loop(engine, ids, max_new_tokens, c, temperature)
-        wall = time.perf_counter() - t0
-        ntok = sum(len(d.token_ids) for d in done)
-        rounds = [d.verify_rounds for d in done]
-        tau = ntok / sum(rounds) if k > 0 and all(rounds) else None
-        cells.append(Cell(k=k, concurrency=c, tokens_per_s=ntok / wall, tau=tau, wall_s=wall,
-                          requests=len(ids)))
-        log(f"sglang k={k} c={c}: {ntok / wall:.1f} tok/s, tau "
-            f"{'-' if tau is None else round(tau, 2)}, {wall:.2f} s")
-    return cells
+    def probe():
+        def end(done):
+            rounds = [d.verify_rounds for d in done]
+            ntok = sum(len(d.token_ids) for d in done)
+            return {"tau": ntok / sum(rounds) if k > 0 and all(rounds) else None}
+        return end
+    return measure_cells(serve, probe, k, prompts, concurrencies, name="sglang", **run)
 
 
 def run(req, log: Callable[[str], None] | None = None) -> dict:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 
-from ..tune import Cell, Finished, acceptance, report
+from ..tune import Cell, Finished, acceptance, measure_cells, report
 
 PREFIX = "vllm:spec_decode_"
 
@@ -106,33 +106,16 @@ def counters(llm) -> dict:
 
 
 def measure_engine(llm, k: int, prompts: list[list[int]], concurrencies: list[int], *,
-                   max_new_tokens: int, waves: int = 2, min_requests: int = 1,
-                   warmup_tokens: int = 8,
-                   temperature: float = 0.0, seed: int = 0,
-                   log: Callable[[str], None] = print) -> list[Cell]:
-    """The cells of one started engine (k: its drafted tokens per round, for the record)."""
-    def batch(c: int) -> list[list[int]]:
-        return [prompts[i % len(prompts)] for i in range(max(waves * c, min_requests))]
+                   temperature: float = 0.0, seed: int = 0, **run) -> list[Cell]:
+    """The cells of one started engine (`tune.measure_cells`; tau and survival from vLLM's
+    spec-decode counters around each cell)."""
+    def serve(ids, new_tokens, c):
+        return closed_loop(llm, ids, sampling_params(len(ids), new_tokens, temperature, seed), c)
 
-    for c in concurrencies:  # untimed: every batch shape once
-        closed_loop(llm, batch(c), sampling_params(len(batch(c)), warmup_tokens, temperature,
-                                                    seed), c)
-    cells = []
-    for c in concurrencies:
-        ids = batch(c)
+    def probe():
         before = counters(llm)
-        t0 = time.perf_counter()
-        done = closed_loop(llm, ids, sampling_params(len(ids), max_new_tokens, temperature,
-                                                     seed), c)
-        wall = time.perf_counter() - t0
-        acc = acceptance(before, counters(llm))
-        ntok = sum(len(d.token_ids) for d in done)
-        cell = Cell(k=k, concurrency=c, tokens_per_s=ntok / wall, tau=acc["tau"],
-                    survival=acc["survival"], wall_s=wall, requests=len(ids))
-        cells.append(cell)
-        tau = "-" if cell.tau is None else f"{cell.tau:.2f}"
-        log(f"vllm k={k} c={c}: {cell.tokens_per_s:.1f} tok/s, tau {tau}, {wall:.2f} s")
-    return cells
+        return lambda done: acceptance(before, counters(llm))
+    return measure_cells(serve, probe, k, prompts, concurrencies, name="vllm", **run)
 
 
 def measure_config(target: str, speculative_config: dict | None, concurrencies: list[int],

@@ -449,15 +449,28 @@ def fast_generate(dec: FastDecoder, prompts: list[list[int]], *, block_size: int
             issued.append(g)
             if ev:
                 timing.append(ev)
+    result, rounds = finish(dec, agg, issued, stop_token_ids, timing, t0)
+    if policy is not None:
+        agg.block_lengths = dict(sorted(Counter(g + 1 for g in issued[:rounds]).items()))
+    return result
+
+
+def finish(dec: FastDecoder, agg: AggregateMetrics, issued: list[int], stop_token_ids, timing,
+           t0: float, verify_end: int = 2, on_round=None) -> tuple[GenerationResult, int]:
+    """The host side of a finished generation (one read of the decoder's state): per-round
+    metrics from its history (`on_round(round, row, accepted)` too, if given), each request's
+    tokens and stop reason, the profiled draft / verify seconds (verify: events 1 to
+    `verify_end`). Returns the result and the number of recorded rounds."""
     agg.total_seconds = time.perf_counter() - t0
+    n_req = len(agg.requests)
     hist = dec.history[: int(dec.round_idx)].tolist()
-    buf = dec.out_buf.tolist()
+    buf, out_len = dec.out_buf.tolist(), dec.out_len.tolist()
     for r, (n, acc, live) in enumerate(hist):
         for i in range(n_req):
             if live[i]:
                 agg.requests[i].record_round(n[i], issued[r], acc[i])
-    if policy is not None:
-        agg.block_lengths = dict(sorted(Counter(g + 1 for g in issued[:len(hist)]).items()))
+                if on_round is not None:
+                    on_round(r, i, acc[i])
     tokens = [buf[i][:out_len[i]] for i in range(n_req)]
     stops = set(stop_token_ids)
     for m, toks in zip(agg.requests, tokens):
@@ -465,5 +478,5 @@ def fast_generate(dec: FastDecoder, prompts: list[list[int]], *, block_size: int
         m.stop_reason = "stop" if toks and toks[-1] in stops else "length"
     if timing:
         agg.draft_seconds = sum(e[0].elapsed_time(e[1]) for e in timing) / 1e3
-        agg.verify_seconds = sum(e[1].elapsed_time(e[2]) for e in timing) / 1e3
-    return GenerationResult(tokens=tokens, metrics=agg)
+        agg.verify_seconds = sum(e[1].elapsed_time(e[verify_end]) for e in timing) / 1e3
+    return GenerationResult(tokens=tokens, metrics=agg), len(hist)

@@ -23,7 +23,7 @@ from ..tree import capacity
 from .attention import plan
 from .drafter import context_write, draft_topk
 from .graphs import StepGraphs
-from .loop import AHEAD_CAP, FastDecoder, _accept_impl, _event, _sync
+from .loop import AHEAD_CAP, FastDecoder, _accept_impl, _event, _sync, finish
 from .qwen3 import target_forward
 from .tree_build import ancestor_mask, build_tree, greedy_path
 
@@ -179,22 +179,10 @@ def tree_generate_fast(dec: FastDecoder | TreeDecoder, prompts: list[list[int]],
             issued.append(g)
             if ev:
                 timing.append(ev)
-    agg.total_seconds = time.perf_counter() - t0
-    hist = fd.history[: int(fd.round_idx)].tolist()
-    buf = fd.out_buf.tolist()
     depths = agg.tree["accepted_depths"]
-    for r, (n, acc, live) in enumerate(hist):
-        for i in range(n_req):
-            if live[i]:
-                agg.requests[i].record_round(n[i], issued[r], acc[i])
-                depths[acc[i]] = depths.get(acc[i], 0) + 1
-                agg.tree["nodes_verified"] += tdec.nodes(issued[r])
-    tokens = [buf[i][:out_len[i]] for i in range(n_req)]
-    stops = set(stop_token_ids)
-    for m, toks in zip(agg.requests, tokens):
-        m.new_tokens = len(toks)
-        m.stop_reason = "stop" if toks and toks[-1] in stops else "length"
-    if timing:
-        agg.draft_seconds = sum(e[0].elapsed_time(e[1]) for e in timing) / 1e3
-        agg.verify_seconds = sum(e[1].elapsed_time(e[3]) for e in timing) / 1e3
-    return GenerationResult(tokens=tokens, metrics=agg)
+
+    def on_round(r: int, _row: int, acc: int) -> None:
+        depths[acc] = depths.get(acc, 0) + 1
+        agg.tree["nodes_verified"] += tdec.nodes(issued[r])
+    return finish(fd, agg, issued, stop_token_ids, timing, t0, verify_end=3,
+                  on_round=on_round)[0]
