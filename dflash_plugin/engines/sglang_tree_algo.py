@@ -98,7 +98,7 @@ def validate_server_args(server_args) -> None:
                                     device="cuda"))
     from sglang.srt.utils.hf_transformers_utils import get_config
 
-    from .sglang import check_draft_for_sglang
+    from .sglang_checks import check_draft_for_sglang
 
     target = get_config(sa.model_path, trust_remote_code=sa.trust_remote_code)
     check_draft_for_sglang(draft, target, num_draft_tokens=plan.block_size)
@@ -117,9 +117,9 @@ def validate_server_args(server_args) -> None:
          "flashinfer or triton (tree masks)"),
     ]:
         require(ok, flag, f"{NAME} needs {allowed}, got {getattr(sa, flag, None)!r}")
-    from spiffy_plugin.engines.versions import installed
+    from .sglang_checks import sglang_version
 
-    have = installed("sglang")
+    have = sglang_version()
     lo, hi = WORKER_VERSIONS
     require(have is None or lo <= have <= hi, "sglang",
             f"{NAME}'s worker is written against SGLang "
@@ -194,15 +194,10 @@ def spec_class() -> type:
     return DFlashTreeAlgo
 
 
-def _worker_factory(server_args):
-    from .sglang_tree_worker import worker_class
-
-    return worker_class()
-
-
-def register() -> bool:
-    """Register DFLASH_TREE with SGLang's speculative registry (idempotent: True when this call
-    registered it). Raises if the name is taken by someone else's class."""
+def register(worker_factory=None) -> bool:
+    """Register DFLASH_TREE with SGLang's speculative registry, `worker_factory(server_args)`
+    giving the worker class (`sglang_tree_worker.worker_factory`); idempotent: True when this
+    call registered it. Raises if the name is taken by someone else's class."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import get_spec
 
@@ -213,10 +208,8 @@ def register() -> bool:
             raise ConfigError("speculative_algorithm",
                               f"{NAME} is already registered by {type(have).__module__}")
         return False
+    require(worker_factory is not None, "worker_factory", f"needed to register {NAME}")
     SpeculativeAlgorithm.register(NAME, supports_overlap=True,
                                   validate_server_args=validate_server_args,
-                                  spec_class=spec_class())(_worker_factory)
-    from .sglang_tree_worker import register_hooks
-
-    register_hooks()
+                                  spec_class=spec_class())(worker_factory)
     return True

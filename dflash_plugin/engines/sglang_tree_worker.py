@@ -24,6 +24,7 @@ from functools import cache
 import torch
 
 from ..fast.tree_build import build_tree
+from .sglang_checks import sglang_version
 from .sglang_tree_algo import NAME, WORKER_VERSIONS, TreeArgs, check_tree_args
 from .sglang_tree_input import build_verify_tensors, make_verify_input
 
@@ -71,13 +72,16 @@ def register_hooks() -> None:
 
 
 def _check_version() -> None:
-    from spiffy_plugin.engines.versions import installed
-
-    have = installed("sglang")
+    have = sglang_version()
     lo, hi = WORKER_VERSIONS
     if have is not None and not lo <= have <= hi:
         raise RuntimeError(f"{NAME}: the worker is written against SGLang 0.5.16's DFlash worker;"
                            f" SGLang {'.'.join(map(str, have))} is not supported yet")
+
+
+def worker_factory(server_args) -> type:
+    """What SGLang's registry calls (`SpeculativeAlgorithm.register`): the worker class."""
+    return worker_class()
 
 
 @cache

@@ -261,7 +261,7 @@ def test_worker_imports_for_the_supported_version_only():
 
     cls = w.worker_class()
     assert issubclass(cls, DFlashWorkerV2)
-    assert algo._worker_factory(None) is cls
+    assert w.worker_factory(None) is cls
     # what the worker calls, with the arguments it passes (0.5.16 source)
     kw = set(inspect.signature(run_eagle_verify).parameters)
     assert kw == {"batch", "target_worker", "req_to_token_pool", "token_to_kv_pool_allocator",
