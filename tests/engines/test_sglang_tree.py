@@ -6,10 +6,7 @@ registration and ServerArgs run in `sglang_env/checks_tree.py`: in the 0.5.23 en
 `test_sglang.py` (its `checks*.py` glob), in the 0.5.16 env here (`test_in_sglang_0_5_16`).
 """
 
-import os
-import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -18,9 +15,9 @@ import torch
 from dflash_plugin.errors import ConfigError
 from dflash_plugin.fast.tree_build import build_tree
 from dflash_plugin.tree import Tree, walk_tree
+from tests.engines.oldest_sglang import run_checks
 
 ROOT = Path(__file__).resolve().parents[2]
-LEGACY_ENV = ROOT / ".venv" / "sglang-0.5.16"
 CHECKS = ROOT / "tests" / "engines" / "sglang_env" / "checks_tree.py"
 FIX = ROOT / "examples" / "fixtures"
 
@@ -201,26 +198,7 @@ def test_adapters_import_without_sglang():
 
 @pytest.fixture(scope="module")
 def legacy_results(tmp_path_factory):
-    if not (LEGACY_ENV / "sglang").is_dir():
-        pytest.skip(f"oldest-SGLang env missing ({LEGACY_ENV}): `make setup` installs it")
-    tmp = tmp_path_factory.mktemp("legacy-tree")
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(LEGACY_ENV)]))
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(CHECKS), "-q", "-p",
-                           "no:cacheprovider", "-p", "tests.engines.sglang_env.legacy",
-                           f"--junitxml={tmp / 'junit.xml'}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    if not (tmp / "junit.xml").is_file():
-        pytest.fail(f"the 0.5.16 tree checks did not run:\n{proc.stdout[-4000:]}"
-                    f"{proc.stderr[-4000:]}")
-    out = {}
-    for case in ET.parse(tmp / "junit.xml").iter("testcase"):
-        bad = case.find("failure")
-        bad = case.find("error") if bad is None else bad
-        skip = case.find("skipped")
-        out[case.get("name")] = ("failed", bad.text) if bad is not None else (
-            ("skipped", skip.get("message")) if skip is not None else ("passed", ""))
-    return out
+    return run_checks(CHECKS, tmp_path_factory.mktemp("legacy-tree"), timeout=600)
 
 
 def test_in_sglang_0_5_16(legacy_results):

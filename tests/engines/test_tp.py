@@ -11,12 +11,8 @@ hold no rank-0-only branch (source scan).
 """
 
 import ast
-import os
 import re
-import subprocess
-import sys
 import textwrap
-import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,11 +20,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.engines.oldest_sglang import check_names, run_checks
+
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "examples" / "fixtures"
 TARGET, DRAFT = FIX / "code-target", FIX / "code-target-dflash-b16"
 WHEELS = ROOT / ".venv" / "wheels"
-LEGACY_ENV = ROOT / ".venv" / "sglang-0.5.16"
 CHECKS = ROOT / "tests" / "engines" / "sglang_env" / "checks_tp.py"
 ADAPTERS = [p for pkg in ("dflash_plugin", "spiffy_plugin", "specfold_plugin")
             for p in sorted((ROOT / pkg / "engines").glob("*.py"))]
@@ -171,30 +168,11 @@ def test_adapters_take_no_rank_dependent_branch(path):
 # --- SGLang 0.5.16 (subprocess) ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def legacy_results(tmp_path_factory):
-    if not (LEGACY_ENV / "sglang").is_dir():
-        pytest.skip(f"oldest-SGLang env missing ({LEGACY_ENV}): `make setup` installs it")
-    tmp = tmp_path_factory.mktemp("legacy-tp")
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(LEGACY_ENV)]))
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(CHECKS), "-q", "-p",
-                           "no:cacheprovider", "-p", "tests.engines.sglang_env.legacy",
-                           f"--junitxml={tmp / 'junit.xml'}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    if not (tmp / "junit.xml").is_file():
-        pytest.fail(f"the TP checks did not run:\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}")
-    results = {}
-    for case in ET.parse(tmp / "junit.xml").iter("testcase"):
-        bad = case.find("failure")
-        bad = case.find("error") if bad is None else bad
-        skip = case.find("skipped")
-        results[case.get("name")] = ("failed", bad.text) if bad is not None else (
-            ("skipped", skip.get("message")) if skip is not None else ("passed", ""))
-    return results
+    return run_checks(CHECKS, tmp_path_factory.mktemp("legacy-tp"), timeout=600)
 
 
 def _checks():
-    return [n.name for n in ast.parse(CHECKS.read_text()).body
-            if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+    return check_names(CHECKS)
 
 
 @pytest.mark.parametrize("check", _checks())

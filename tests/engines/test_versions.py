@@ -13,10 +13,6 @@ installed vLLM's source the same way.
 
 import ast
 import json
-import os
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
 import zipfile
 from importlib.util import find_spec
 from pathlib import Path
@@ -25,9 +21,9 @@ import pytest
 import torch
 
 from spiffy_plugin.engines.versions import installed, parse_version
+from tests.engines.oldest_sglang import check_names, run_checks
 
 ROOT = Path(__file__).resolve().parents[2]
-LEGACY_ENV = ROOT / ".venv" / "sglang-0.5.16"
 LEGACY = ROOT / "tests" / "engines" / "sglang_env" / "legacy_checks.py"
 WHEELS = ROOT / ".venv" / "wheels"
 FIX = ROOT / "examples" / "fixtures"
@@ -44,31 +40,13 @@ def test_parse_version():
 
 # --- SGLang 0.5.16 / transformers 5.12.1 (subprocess) ------------------------------------------
 def _legacy_checks():
-    tree = ast.parse(LEGACY.read_text())
-    return [n.name for n in tree.body if isinstance(n, ast.FunctionDef)
-            and n.name.startswith("test_")]
+    return check_names(LEGACY)
 
 
 @pytest.fixture(scope="module")
 def legacy_run(tmp_path_factory):
-    if not (LEGACY_ENV / "sglang").is_dir():
-        pytest.skip(f"oldest-SGLang env missing ({LEGACY_ENV}): `make setup` installs it")
     tmp = tmp_path_factory.mktemp("legacy")
-    env = dict(os.environ, OMP_NUM_THREADS="1", SPECDEC_VERSIONS_OUT=str(tmp / "tokens.json"),
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(LEGACY_ENV)]))
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(LEGACY), "-q", "-p",
-                           "no:cacheprovider", "-p", "tests.engines.sglang_env.legacy",
-                           f"--junitxml={tmp / 'junit.xml'}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
-    if not (tmp / "junit.xml").is_file():
-        pytest.fail(f"the legacy checks did not run:\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}")
-    results = {}
-    for case in ET.parse(tmp / "junit.xml").iter("testcase"):
-        bad = case.find("failure")
-        bad = case.find("error") if bad is None else bad
-        skip = case.find("skipped")
-        results[case.get("name")] = ("failed", bad.text) if bad is not None else (
-            ("skipped", skip.get("message")) if skip is not None else ("passed", ""))
+    results = run_checks(LEGACY, tmp, SPECDEC_VERSIONS_OUT=str(tmp / "tokens.json"))
     tokens = tmp / "tokens.json"
     return results, json.loads(tokens.read_text()) if tokens.is_file() else None
 
