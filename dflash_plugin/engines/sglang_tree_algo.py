@@ -6,7 +6,7 @@ SGLang has no hook to add CLI flags, so the tree maps onto existing ones: the *n
 `--speculative-dflash-block-size` or the drafter's `block_size`; the tree's depth is
 D = min(B - 1, N). The algorithm answers SGLang's `is_*` predicates like DFLASH's family (target
 aux-hidden capture, drafter KV sizing, DFlash decode reservation, draft graphs) but not as DFLASH
-itself or EAGLE (see `.carry/sglang_tree_design.md`, 1.3). SGLang is imported lazily.
+itself or EAGLE (see `sglang_tree_design.md` beside this file, 1.3). SGLang is imported lazily.
 """
 
 from __future__ import annotations

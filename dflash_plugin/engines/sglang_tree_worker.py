@@ -1,18 +1,17 @@
 """DFLASH_TREE's SGLang worker: DFlash drafting, a token tree, EAGLE's tree verification.
 
-NOT YET RUN ON A GPU. Written against SGLang 0.5.16's `DFlashWorkerV2` and `run_eagle_verify`
-(read, not run: `.carry/sglang_tree_design.md`); on other versions `worker_class` raises (0.5.23's
-DFlash worker differs too much: config-bag widths, `kv_loc_plan`, no `ps`). Per decode round:
-the drafter runs one block of L tokens ([bonus, mask, ...]) exactly as SGLang's DFLASH does; the
-top-K log-probs of depths 1..D (drafter hidden -> target LM head) give the tree of N nodes
+NOT YET RUN ON A GPU. Written against SGLang 0.5.16's `DFlashWorkerV2` and `run_eagle_verify` (read,
+not run: `sglang_tree_design.md` beside this file); on other versions `worker_class` raises
+(0.5.23's DFlash worker differs too much: config-bag widths, `kv_loc_plan`, no `ps`). Per decode
+round: the drafter runs one block of L tokens ([bonus, mask, ...]) exactly as SGLang's DFLASH does;
+the top-K log-probs of depths 1..D (drafter hidden -> target LM head) give the tree of N nodes
 (`fast/tree_build.build_tree`, on the device, no host sync); `sglang_tree_input` lays it out as a
-`DFlashTreeVerifyInput`; SGLang's `run_eagle_verify` runs the target over the W = N + 1 tree
-tokens with the FULL custom mask, accepts the longest path (greedy / target-only sampling) and
-moves the accepted path's target KV and hidden states to the front; the drafter KV of that path
-is then appended (KV injection) from the compacted hidden states. Prefill and idle rounds are
-DFLASH's. `register_hooks` installs one HookRegistry AROUND hook so the target's verify CUDA
-graphs are captured with the tree-mask buffer (DFLASH's capture input has none).
-"""
+`DFlashTreeVerifyInput`; SGLang's `run_eagle_verify` runs the target over the W = N + 1 tree tokens
+with the FULL custom mask, accepts the longest path (greedy / target-only sampling) and moves the
+accepted path's target KV and hidden states to the front; the drafter KV of that path is then
+appended (KV injection) from the compacted hidden states. Prefill and idle rounds are DFLASH's.
+`register_hooks` installs one HookRegistry AROUND hook so the target's verify CUDA graphs are
+captured with the tree-mask buffer (DFLASH's capture input has none). """
 
 from __future__ import annotations
 
