@@ -55,10 +55,9 @@ class Survival:
         self.seen = [self.prior_rounds] * self.positions
 
     def observe(self, drafted: int, accepted: int) -> None:
-        """One round that drafted positions 1..drafted and accepted the first `accepted`."""
-        for k in range(min(drafted, self.positions)):
-            self.hits[k] = self.hits[k] * self.decay + (1.0 if k < accepted else 0.0)
-            self.seen[k] = self.seen[k] * self.decay + 1.0
+        """One round of one row that drafted positions 1..drafted and accepted the first
+        `accepted` (`observe_round` with one row)."""
+        self.observe_round(drafted, [accepted])
 
     def observe_round(self, drafted: int, accepted: list[int]) -> None:
         """One round of a batch, its rows pooled: every row drafted positions 1..drafted and row
