@@ -4,9 +4,11 @@ A DFlash forward gives a distribution at every block position d = 1..g (each con
 anchor only). A *tree* keeps the `budget` most probable prefixes under those marginals: a node
 is a rank tuple (r_1, ..., r_d) naming the r-th most likely token at each depth, scored by its
 summed log-probability. *Tree index* 0 is the anchor (the root, depth 0); node i has tree index
-i + 1, and every node comes after its parent. Verification walks from the root along the child
-whose token is the target's own choice at the current node (argmax, or an exact sample from the
-target's distribution there), so the output is the target's, greedy or sampled.
+i + 1, and every node comes after its parent. Greedy verification walks from the root along the
+child whose token is the target's argmax at the current node. Sampled verification (T > 0) is
+*recursive rejection sampling* over each node's children (`rejection_walk`): the children are
+drafted as a sample without replacement from the drafter's q (`sample_ranks`), tried in order
+against the target's residual distribution; the output is distributed as the target's.
 """
 
 from __future__ import annotations
@@ -38,16 +40,18 @@ def build_tree(
     logprobs: torch.Tensor,  # [g, vocab] the drafter's log-probabilities at depths 1..g
     budget: int,  # nodes to keep (at most capacity(g, topk))
     topk: int,  # candidates per depth
+    ranked: torch.Tensor | None = None,  # [g, topk] token of each (depth, rank); None: the top-k
 ) -> Tree:
     """Best-first search over rank tuples: each pop adds the best open prefix as a node and opens
     its next sibling (rank + 1 at its depth) and its first child (rank 0 one depth further). Each
     prefix scores at most as much as its parent, so the nodes are the top-`budget` prefixes and
-    every parent precedes its children."""
+    every parent precedes its children; a node's children come in rank order. The shape depends
+    on the sorted log-probabilities only; `ranked` (sampled drafts) fills in the tokens."""
     g, vocab = logprobs.shape
     require(budget >= 1, "tree_budget", f"must be >= 1, got {budget}")
     require(1 <= topk <= vocab, "tree_topk", f"must be in [1, {vocab}], got {topk}")
     top_lp, top_ids = logprobs.float().topk(topk, dim=-1)  # [g, topk]
-    lp, ids = top_lp.tolist(), top_ids.tolist()
+    lp, ids = top_lp.tolist(), (top_ids if ranked is None else ranked).tolist()
     tokens: list[int] = []
     parents: list[int] = []
     depths: list[int] = []
@@ -96,3 +100,57 @@ def walk_tree(
         path.append(nxt)
         node = nxt
     return path, choice[node]
+
+
+def sample_ranks(
+    q: torch.Tensor,  # [..., g, vocab] the drafter's (transformed) probabilities per depth
+    topk: int,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:  # [..., g, topk] long
+    """A sample without replacement of `topk` tokens per depth, in draw order (Gumbel top-k:
+    the order of log q + Gumbel noise). Past q's support the ranks hold zero-probability
+    tokens, which `rejection_walk` never accepts."""
+    u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(1e-20, 1.0)
+    keys = q.float().log() - (-u.log()).log()  # log q + Gumbel(0, 1)
+    return keys.topk(topk, dim=-1).indices
+
+
+def rejection_walk(
+    tree: Tree,
+    p: torch.Tensor,  # [n + 1, vocab] the target's (transformed) probabilities at each tree index
+    q: torch.Tensor,  # [g, vocab] the drafter's probabilities per depth, the children's proposal
+    generator: torch.Generator | None = None,
+) -> tuple[list[int], int]:  # accepted nodes (tree indices, root excluded) in path order, bonus
+    """Recursive rejection sampling down the tree. At a node with target distribution r = p and
+    proposal s = q of the next depth, try the children in rank order (a sample without
+    replacement from s): keep child x with probability min(1, r(x) / s(x)) and move there; else
+    r <- normalize(max(r - s, 0)) and s <- s without x, renormalized. When no child is kept
+    (or there are none), the bonus is a sample from r. Each step outputs r exactly (the
+    rejection-sampling identity, applied per sibling), so the path and bonus follow the target.
+    The children's number comes from the shape (q's sorted values), never from the draws."""
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(tree.parents):
+        children.setdefault(parent, []).append(i + 1)  # rank order (build_tree pops it so)
+    path, node = [], 0
+    while True:
+        r = p[node].double()
+        kids = children.get(node, [])
+        s = q[tree.depths[kids[0] - 1] - 1].double() if kids else None
+        moved = False
+        for c in kids:
+            x = tree.tokens[c - 1]
+            if s[x] <= 0:  # past the proposal's support: no later sibling is drawn either
+                break
+            u = torch.rand((), generator=generator, device=p.device, dtype=torch.float64)
+            if u * s[x] < r[x]:
+                path.append(c)
+                node, moved = c, True
+                break
+            residual = (r - s).clamp_min(0)
+            mass = residual.sum()
+            r = residual / mass if mass > 0 else r  # mass 0: a rejection had probability 0
+            s = s.clone()
+            s[x] = 0
+            s = s / s.sum() if s.sum() > 0 else s
+        if not moved:
+            return path, int(torch.multinomial(r.float(), 1, generator=generator))

@@ -5,7 +5,10 @@ Each round runs the drafter once over [anchor, g masks] (g <= B - 1), builds a t
 [anchor + nodes] in ONE target forward under the ancestor mask, positions = anchor + depth. The
 accepted path plus the bonus is committed; the caches of target and drafter keep the anchor and
 the path's slots (in path order: a node's tree index exceeds its parent's) and drop the rest.
-Greedy output equals plain greedy decoding; sampled output follows the target's distribution.
+Greedy output equals plain greedy decoding. Sampled (T > 0): the tree's shape comes from the
+drafter's transformed q, its tokens are a sample without replacement from q per depth, and the
+walk is recursive rejection sampling (`tree.rejection_walk`): the output follows the target's
+distribution.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import torch
 from .errors import require
 from .generate import _commit_tokens, _sync, start_loop, validate_request
 from .metrics import GenerationResult
-from .sampling import SamplingParams, sample_from, sampling_probs
-from .tree import build_tree, capacity, tree_mask, walk_tree
+from .sampling import SamplingParams, sampling_probs
+from .tree import build_tree, capacity, rejection_walk, sample_ranks, tree_mask, walk_tree
 
 
 @torch.inference_mode()
@@ -56,9 +59,15 @@ def tree_generate(
         n = min(tree_budget, capacity(g, tree_topk))
 
         t0 = time.perf_counter()
-        draft = proposer.draft_logits(anchor, anchor_pos, g).float().log_softmax(-1)
+        logits = proposer.draft_logits(anchor, anchor_pos, g).float()  # [batch, g, vocab]
         tb = time.perf_counter()
-        trees = [build_tree(lp, n, tree_topk) for lp in draft.cpu()]
+        if params.greedy:
+            trees = [build_tree(lp, n, tree_topk) for lp in logits.log_softmax(-1).cpu()]
+        else:  # shape from q (zeros floored: dead ranks come last), tokens drawn from q
+            q = sampling_probs(logits, params)
+            ranked = sample_ranks(q, tree_topk, gen).cpu()
+            shape_lp = q.clamp_min(1e-30).log().cpu()
+            trees = [build_tree(shape_lp[i], n, tree_topk, ranked[i]) for i in range(len(q))]
         agg.tree["build_seconds"] += time.perf_counter() - tb
         _sync(device)
         t1 = time.perf_counter()
@@ -68,13 +77,15 @@ def tree_generate(
         positions = anchor_pos[:, None] + depth
         logits, feats = runner.verify_tree(block, positions, tree_mask(trees, device))
         if params.greedy:
-            choice = logits.argmax(-1)  # [batch, n + 1]
-        else:  # an independent exact sample from the target at every node; the walk uses those
-            choice = sample_from(sampling_probs(logits, params), gen)  # of the nodes it visits
-        choice = choice.tolist()
+            choice = logits.argmax(-1).tolist()  # [batch, n + 1]
+        else:
+            p = sampling_probs(logits, params)  # [batch, n + 1, vocab]
         paths, new_tokens, accepted = [], [], []
         for i, t in enumerate(trees):
-            path, bonus = walk_tree(t, choice[i])
+            if params.greedy:
+                path, bonus = walk_tree(t, choice[i])
+            else:
+                path, bonus = rejection_walk(t, p[i], q[i], gen)
             paths.append(path)
             new_tokens.append([t.tokens[j - 1] for j in path] + [bonus])
             accepted.append(len(path))

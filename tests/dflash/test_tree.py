@@ -219,20 +219,40 @@ def test_sampled_tree_matches_target(small, params):  # noqa: F811 (the fixture)
     assert chi2_pvalue(counts, exact_distribution(target, params)) > 1e-3
 
 
-def test_sampled_tree_negative_control(small, monkeypatch):  # noqa: F811
-    """A walk that accepts the top path whatever the target samples draws from the drafter:
-    the same test must reject it."""
+@pytest.mark.parametrize("bug", ["top-path", "stale-residual"])
+def test_sampled_tree_negative_control(small, monkeypatch, bug):  # noqa: F811
+    """Two broken walks the same test must reject: one accepts the top path whatever the target
+    says (samples from the drafter); one keeps the target's full p for every sibling instead of
+    the residual after a rejection (over-weights tokens the drafter proposes twice over)."""
     import dflash_plugin.tree_generate as tg
 
-    def accept_top_path(tree, choice):
+    def accept_top_path(tree, p, q, generator):
         path, node = [], 0
-        for i, p in enumerate(tree.parents):
-            if p == node:
+        for i, parent in enumerate(tree.parents):
+            if parent == node:
                 path.append(i + 1)
                 node = i + 1
-        return path, choice[node]
+        return path, int(torch.multinomial(p[node], 1, generator=generator))
 
-    monkeypatch.setattr(tg, "walk_tree", accept_top_path)
+    def stale_residual(tree, p, q, generator):  # each sibling tried against p itself
+        kids: dict[int, list[int]] = {}
+        for i, parent in enumerate(tree.parents):
+            kids.setdefault(parent, []).append(i + 1)
+        path, node = [], 0
+        while True:
+            r = p[node]
+            for c in kids.get(node, []):
+                x = tree.tokens[c - 1]
+                s = q[tree.depths[c - 1] - 1]
+                if s[x] > 0 and torch.rand((), generator=generator) * s[x] < r[x]:
+                    path.append(c)
+                    node = c
+                    break
+            else:
+                return path, int(torch.multinomial(r, 1, generator=generator))
+
+    monkeypatch.setattr(tg, "rejection_walk",
+                        accept_top_path if bug == "top-path" else stale_residual)
     target, drafter = small
     params = SamplingParams(temperature=1.0, seed=23)
     res = tree_generate(target, DFlashProposer(drafter), [PROMPT] * 20000, tree_budget=6,
