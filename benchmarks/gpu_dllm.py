@@ -1,9 +1,9 @@
-"""Spiffy and SpecFold inside SGLang's GPU engine, side by side with SGLang's own one-step
+r"""Spiffy and SpecFold inside SGLang's GPU engine, side by side with SGLang's own one-step
 decoding of the same diffusion LM: tokens/s, forwards, greedy token identity, CUDA graphs on/off.
 
 On the GPU machine (SGLang importable, repo root as working directory):
 
-    W=/tmp/dllm O=benchmarks/results/gpu-dllm  # each run: one engine start, 1-2 min
+    W=out/gpu-dllm O=benchmarks/results/gpu-dllm  # each run: one engine start, 1-2 min
     python benchmarks/gpu_dllm.py prepare --work $W          # SDAR conversion + YAMLs, seconds
     python benchmarks/gpu_dllm.py run --work $W --algorithm LowConfidence --out $O/lowconf.json
     python benchmarks/gpu_dllm.py run --work $W --algorithm Spiffy --out $O/spiffy.json
@@ -26,6 +26,32 @@ bench/engine_rows.py): wall time, output tokens/s, every prompt's output ids. Fo
 the algorithm's own per-block log lines ("Spiffy block: ... forwards=F steps=S"); one-step
 decoding of the same blocks takes S + 1 forwards per block. The engine runs at log level "info"
 (sgl.Engine's default, "error", drops those lines); its log goes to --log.
+
+Tensor parallelism (issue 22, an `nvidia-h200-x2` machine): `run --tp 2` starts the engine with
+SGLang's tp_size = 2 (and NCCL_NVLS_ENABLE=0, NVLink multicast off, unless the environment sets
+it; the doc's "env" records it). Every rank's scheduler runs the algorithm and logs its blocks
+(lines tagged "TP0", "TP1"): forwards count the lowest rank's lines, "block_lines_per_rank" the
+lines of each. `report` keeps TP 1 and TP 2 apart (LowConfidence of the same TP is the
+reference) and adds each TP 2 run's identity against the TP 1 run of the same algorithm and
+graphs; `compare A.json B.json` prints one such pair. Spiffy and SpecFold (and LowConfidence,
+the reference) at TP 2 and TP 1 on the same machine (each run 1-2 min; SGLang 0.5.16 runs
+SpecFold unfolded, folding needs >= 0.5.21):
+
+    W=out/gpu-dllm O=benchmarks/results/gpu-dllm-tp2
+    python benchmarks/gpu_dllm.py prepare --work $W
+    for tp in 2 1; do
+      python benchmarks/gpu_dllm.py run --work $W --tp $tp --algorithm LowConfidence \
+          --out $O/lowconf-tp$tp.json
+      python benchmarks/gpu_dllm.py run --work $W --tp $tp --algorithm Spiffy \
+          --out $O/spiffy-tp$tp.json
+      python benchmarks/gpu_dllm.py run --work $W --tp $tp --algorithm SpecFold --eager \
+          --out $O/specfold-e-tp$tp.json
+    done
+    for r in lowconf spiffy specfold-e; do
+      python benchmarks/gpu_dllm.py compare $O/$r-tp2.json $O/$r-tp1.json \
+          --out-json $O/identity-$r.json
+    done
+    python benchmarks/gpu_dllm.py report --inputs $O/*-tp?.json --out-md $O/report.md
 """
 
 from __future__ import annotations
@@ -39,12 +65,15 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.engine_rows import EngineSpec, Sampling, gpu_name, start_engine
+from bench.common import agreement
+from bench.engine_report import add_compare_command, render_tp_identity, tp_of
+from bench.engine_rows import EngineSpec, Sampling, engine_env, gpu_name, start_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "examples" / "fixtures"
 GRAPH = ROOT / "benchmarks" / "results" / "gpu-dllm" / "graph-vanilla1-d8.json"
 BLOCK = re.compile(r"(Spiffy) block: rid=(\S+) forwards=(\d+) steps=(\d+) accepted=(\d+)")
+RANK = re.compile(r"\bTP(\d+)\b")  # SGLang's scheduler log prefix under TP: "[date TP1] ..."
 CONFIGS = {"LowConfidence": "lowconf.yaml", "Spiffy": "spiffy.yaml", "SpecFold": "specfold.yaml"}
 
 
@@ -72,14 +101,24 @@ def prompt_ids(args) -> list[list[int]]:
 
 
 def block_counts(log: Path, start: int) -> dict:
-    """Sums of the algorithm's per-block log lines written after byte `start` of the log."""
+    """Sums of the algorithm's per-block log lines written after byte `start` of the log; under
+    TP every rank logs the same blocks: the lowest rank's lines count, and
+    "block_lines_per_rank" gives every rank's line count (equal when the ranks kept step)."""
     text = log.read_bytes()[start:].decode(errors="replace") if log.exists() else ""
-    blocks = BLOCK.findall(text)
-    if not blocks:  # no log lines (LowConfidence logs none)
+    ranks: dict[int, list[tuple]] = {}
+    for line in text.splitlines():
+        if m := BLOCK.search(line):
+            r = RANK.search(line, 0, m.start())
+            ranks.setdefault(int(r.group(1)) if r else 0, []).append(m.groups())
+    if not ranks:  # no log lines (LowConfidence logs none)
         return {"blocks": None, "forwards": None, "steps": None, "one_step_forwards": None}
+    blocks = ranks[min(ranks)]
     steps = sum(int(b[3]) for b in blocks)
-    return {"blocks": len(blocks), "forwards": sum(int(b[2]) for b in blocks), "steps": steps,
-            "one_step_forwards": steps + len(blocks)}
+    out = {"blocks": len(blocks), "forwards": sum(int(b[2]) for b in blocks), "steps": steps,
+           "one_step_forwards": steps + len(blocks)}
+    if len(ranks) > 1:
+        out["block_lines_per_rank"] = {str(r): len(b) for r, b in sorted(ranks.items())}
+    return out
 
 
 def cmd_run(args) -> None:
@@ -88,18 +127,19 @@ def cmd_run(args) -> None:
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)  # the engine's processes inherit this stderr: their log lines land in `log`
     ids = prompt_ids(args)
-    work = Path(args.work)
+    work = Path(args.work).resolve()  # the engine gets absolute model / config paths
     spec = EngineSpec(engine="sglang", target=str(work / "sdar"), draft=None, dtype=args.dtype,
                       max_model_len=args.max_model_len, seed=0, enforce_eager=args.eager,
                       max_seqs=args.max_running_requests, prefill_graphs=False,
                       dllm_algorithm=args.algorithm,
                       dllm_config=str(work / CONFIGS[args.algorithm]),
-                      graph_max_bs=args.graph_max_bs, log_level="info")
+                      graph_max_bs=args.graph_max_bs, log_level="info", tp=args.tp)
     t0 = time.perf_counter()
     runner = start_engine(spec)
     doc = {"kind": "dllm-run", "engine": "sglang", "engine_version": runner.version,
-           "algorithm": args.algorithm, "cuda_graphs": not args.eager, "dtype": args.dtype,
-           "device": gpu_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "algorithm": args.algorithm, "cuda_graphs": not args.eager, "tp": args.tp,
+           "dtype": args.dtype, "device": gpu_name(), "env": engine_env(),
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join([Path(sys.executable).name, *sys.argv]),
            "num_prompts": len(ids), "max_tokens": args.max_tokens,
            "prompt_tokens": [len(p) for p in ids], "startup_s": time.perf_counter() - t0,
@@ -121,11 +161,12 @@ def cmd_run(args) -> None:
             wall = time.perf_counter() - t
             time.sleep(1.0)  # the scheduler logs a block just after streaming its output
             tokens = sum(len(d.token_ids) for d in dones)
-            doc["rows"].append({"concurrency": c, "wall_s": wall, "output_tokens": tokens,
-                                "tokens_per_s": tokens / wall, **block_counts(log, start),
+            doc["rows"].append({"tp": args.tp, "concurrency": c, "wall_s": wall,
+                                "output_tokens": tokens, "tokens_per_s": tokens / wall,
+                                **block_counts(log, start),
                                 "token_ids": [d.token_ids for d in dones]})
-            print(f"{args.algorithm} graphs={not args.eager} c={c}: {tokens / wall:.1f} tok/s",
-                  flush=True)
+            print(f"{args.algorithm} graphs={not args.eager} TP={args.tp} c={c}: "
+                  f"{tokens / wall:.1f} tok/s", flush=True)
             write(doc, args.out)
         doc["complete"] = True
     finally:
@@ -141,32 +182,33 @@ def write(doc: dict, path: str) -> None:
 def cmd_report(args) -> None:
     docs = [json.loads(Path(p).read_text()) for p in args.inputs]
     docs = [d for d in docs if d.get("kind") == "dllm-run"]
-    base = {r["concurrency"]: r["token_ids"] for d in docs if d["algorithm"] == "LowConfidence"
-            and d["cuda_graphs"] for r in d["rows"]}
-    lines = ["| algorithm | CUDA graphs | requests at once | tokens/s | vs LowConfidence | "
-             "forwards (one-step: S + 1) | identical to LowConfidence, graphs |",
-             "|---|---|---|---|---|---|---|"]
-    speed = {(d["algorithm"], d["cuda_graphs"], r["concurrency"]): r["tokens_per_s"]
+    base = {(tp_of(d), r["concurrency"]): r["token_ids"] for d in docs
+            if d["algorithm"] == "LowConfidence" and d["cuda_graphs"] for r in d["rows"]}
+    lines = ["| algorithm | CUDA graphs | TP | requests at once | tokens/s | vs LowConfidence | "
+             "forwards (one-step: S + 1) | identical to LowConfidence, graphs, same TP |",
+             "|---|---|---|---|---|---|---|---|"]
+    speed = {(d["algorithm"], d["cuda_graphs"], tp_of(d), r["concurrency"]): r["tokens_per_s"]
              for d in docs for r in d["rows"]}
     for d in docs:
+        tp = tp_of(d)
         for r in d["rows"]:
             c = r["concurrency"]
-            ref = speed.get(("LowConfidence", True, c))
-            ids = base.get(c)
-            same = (f"{sum(a == b for a, b in zip(r['token_ids'], ids))} / {len(ids)}"
-                    if ids is not None else "n/a")
+            ref = speed.get(("LowConfidence", True, tp, c))
+            ids = base.get((tp, c))
+            ag = agreement(ids, r["token_ids"]) if ids is not None else None
+            same = f"{ag['identical']} / {ag['of']}" if ag else "n/a"
             fw = f"{r['forwards']} ({r['one_step_forwards']})" if r.get("forwards") else ""
             vs = f"{r['tokens_per_s'] / ref:.2f}x" if ref else "n/a"
-            lines.append(f"| {d['algorithm']} | {'on' if d['cuda_graphs'] else 'off'} | {c} | "
-                         f"{r['tokens_per_s']:.1f} | {vs} | {fw} | {same} |")
-    cold = [f"- {d['algorithm']} (graphs {'on' if d['cuda_graphs'] else 'off'}): engine start "
-            f"{d['startup_s']:.0f} s, first request {d.get('cold_first_request_s', 0):.2f} s"
-            for d in docs]
+            lines.append(f"| {d['algorithm']} | {'on' if d['cuda_graphs'] else 'off'} | {tp} | "
+                         f"{c} | {r['tokens_per_s']:.1f} | {vs} | {fw} | {same} |")
+    cold = [f"- {d['algorithm']} (graphs {'on' if d['cuda_graphs'] else 'off'}, TP {tp_of(d)}): "
+            f"engine start {d['startup_s']:.0f} s, first request "
+            f"{d.get('cold_first_request_s', 0):.2f} s" for d in docs]
     head = docs[0] if docs else {}
     text = "\n".join([f"SGLang {head.get('engine_version')} on {head.get('device')}, "
                       f"{head.get('date')}, {head.get('dtype')}, {head.get('num_prompts')} "
                       f"prompts x {head.get('max_tokens')} tokens, greedy", "", *lines, "",
-                      *cold, ""])
+                      *cold, ""]) + render_tp_identity(docs)
     Path(args.out_md).write_text(text)
     print(text)
 
@@ -176,6 +218,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     q = sub.add_parser("prepare")
+    q.set_defaults(func=cmd_prepare)
     q.add_argument("--work", required=True)
     q.add_argument("--model", default=str(FIX / "code-dllm"))
     q.add_argument("--graph", default=str(GRAPH))
@@ -183,6 +226,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     q.add_argument("--max-requests", type=int, default=8,
                    help="the YAML's max_running_requests: requests denoised at once")
     r = sub.add_parser("run")
+    r.set_defaults(func=cmd_run)
     r.add_argument("--work", required=True)
     r.add_argument("--algorithm", choices=sorted(CONFIGS), required=True)
     r.add_argument("--eager", action="store_true", help="no CUDA graphs (disable_cuda_graph)")
@@ -200,15 +244,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--graph-max-bs", type=int, default=80)
     r.add_argument("--out", required=True)
     r.add_argument("--log", default=None, help="engine log (default: --out with .log)")
+    r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (SGLang tp_size)")
     m = sub.add_parser("report")
     m.add_argument("--inputs", nargs="+", required=True)
     m.add_argument("--out-md", required=True)
-    return p.parse_args(argv)
+    m.set_defaults(func=cmd_report)
+    add_compare_command(sub)
+    args = p.parse_args(argv)
+    if getattr(args, "tp", 1) < 1:
+        p.error("--tp needs at least 1 GPU")
+    return args
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    {"prepare": cmd_prepare, "run": cmd_run, "report": cmd_report}[args.cmd](args)
+    args.func(args)
 
 
 if __name__ == "__main__":

