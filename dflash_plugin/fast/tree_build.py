@@ -1,5 +1,6 @@
-"""Token trees on the device, with static shapes and no host sync: the build, the ancestor mask
-and the greedy walk of the fast runtime's tree rounds (`tree_loop.py`).
+"""Token trees on the device, with static shapes and no host sync: the build, the ancestor mask,
+the greedy walk and the sampled walk (recursive rejection sampling, `tree.rejection_walk`) of the
+fast runtime's tree rounds (`tree_loop.py`).
 
 Same trees as the reference `tree.build_tree` (the top-`budget` prefixes under the drafter's
 marginals; *tree index* 0 is the anchor, node i has tree index i + 1), built as a depth-wise
@@ -18,6 +19,7 @@ import math
 import torch
 
 from ..errors import require
+from ..sampling import SamplingParams, sampling_probs
 
 
 def beam_widths(depth: int, topk: int, budget: int) -> list[int]:
@@ -105,3 +107,80 @@ def greedy_path(
     path = torch.zeros(b, depth + 2, dtype=torch.long, device=tokens.device)
     path.scatter_(1, at, torch.arange(m, device=tokens.device).expand(b, m))
     return path[:, :depth + 1], good[:, 1:].sum(-1)
+
+
+def child_table(
+    parents: torch.Tensor,  # [batch, m] long, tree index of each index's parent (root: 0)
+    topk: int,  # children per node at most
+) -> torch.Tensor:  # [batch, m, topk] long: tree index of each node's r-th child, 0 = none
+    """A node's children in tree-index order, which is their rank order (`build_tree` orders
+    siblings by score, best first)."""
+    b, m = parents.shape
+    idx = torch.arange(m, device=parents.device)
+    sib = (parents[:, :, None] == parents[:, None, :]) & (idx[None, None] < idx[None, :, None])
+    rank = sib[:, :, 1:].sum(-1)  # [batch, m] earlier siblings (the root, index 0, is none)
+    row = torch.where(idx >= 1, parents, 0)
+    col = torch.where(idx >= 1, rank, topk)  # the root goes to a dump column
+    kid = torch.zeros(b, m * (topk + 1), dtype=torch.long, device=parents.device)
+    kid.scatter_(1, row * (topk + 1) + col, idx.expand(b, m))
+    return kid.view(b, m, topk + 1)[:, :, :topk]
+
+
+def _race(
+    probs: torch.Tensor,  # [batch, vocab] rows sum to 1
+    generator: torch.Generator | None,
+) -> torch.Tensor:  # [batch] long, a sample of each row (argmax of p / Exp(1); no host sync)
+    u = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_(1e-20, 1.0)
+    return (probs / -u.log()).argmax(-1)
+
+
+def rejection_path(
+    tokens: torch.Tensor,  # [batch, m] anchor, then the nodes' draft tokens (m = n + 1)
+    parents: torch.Tensor,  # [batch, m] long (root: 0)
+    logits: torch.Tensor,  # [batch, m, vocab] the target's logits at every tree index
+    q: torch.Tensor,  # [batch, D, vocab] the drafter's probabilities at depths 1..D
+    params: SamplingParams,  # the transform of the target's logits (q has it applied)
+    depth: int,  # the trees' maximum depth D
+    topk: int,  # children per node at most
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # path [batch, D + 1], accepted, bonus
+    """`tree.rejection_walk` for every row at once, in D x topk static steps: at each depth the
+    current node's children are tried in rank order against the residual r (a kept child moves
+    the row down and resets r to the target's p there; a rejection updates r and the proposal
+    s); rows that stopped keep their residual, and the bonus is a sample from it. path is laid
+    out as `greedy_path`'s."""
+    b, m = tokens.shape
+    dev = tokens.device
+    kid = child_table(parents, topk)
+    rows = torch.arange(b, device=dev)
+    cur = torch.zeros(b, dtype=torch.long, device=dev)
+    alive = torch.ones(b, dtype=torch.bool, device=dev)
+    accepted = torch.zeros(b, dtype=torch.long, device=dev)
+    path = torch.zeros(b, depth + 1, dtype=torch.long, device=dev)
+    r = sampling_probs(logits[:, 0], params)  # [batch, vocab]
+    for j in range(depth):
+        s = q[:, j].float()
+        nxt = cur.clone()
+        moved = torch.zeros_like(alive)
+        for i in range(topk):
+            c = kid[rows, cur, i]  # [batch] 0 = no such child
+            x = tokens.gather(1, c[:, None])
+            sx, rx = s.gather(1, x)[:, 0], r.gather(1, x)[:, 0]
+            tried = alive & ~moved & (c > 0) & (sx > 0)
+            u = torch.rand(b, generator=generator, device=dev)
+            keep = tried & (u * sx < rx)
+            miss = (tried & ~keep)[:, None]
+            residual = (r - s).clamp_min(0)
+            mass = residual.sum(-1, keepdim=True)
+            r = torch.where(miss & (mass > 0), residual / mass.clamp_min(1e-30), r)
+            s_out = s.scatter(1, x, 0.0)
+            s = torch.where(miss, s_out / s_out.sum(-1, keepdim=True).clamp_min(1e-30), s)
+            nxt = torch.where(keep, c, nxt)
+            moved = moved | keep
+        cur = nxt
+        path[:, j + 1] = torch.where(moved, cur, 0)
+        accepted = accepted + moved.long()
+        alive = alive & moved
+        here = logits.gather(1, cur[:, None, None].expand(b, 1, logits.shape[-1]))[:, 0]
+        r = torch.where(moved[:, None], sampling_probs(here, params), r)
+    return path, accepted, _race(r, generator)

@@ -15,7 +15,13 @@ import torch
 from dflash_plugin.errors import ConfigError
 from dflash_plugin.fast import build_decoder
 from dflash_plugin.fast.attention import attend, plan
-from dflash_plugin.fast.tree_build import ancestor_mask, build_tree, greedy_path
+from dflash_plugin.fast.tree_build import (
+    ancestor_mask,
+    build_tree,
+    child_table,
+    greedy_path,
+    rejection_path,
+)
 from dflash_plugin.fast.tree_loop import TreeDecoder, tree_generate_fast
 from dflash_plugin.proposers import DFlashProposer
 from dflash_plugin.tree import Tree, capacity, tree_mask, walk_tree
@@ -141,6 +147,43 @@ def test_plan_block_mask_triton_equals_sdpa():
         p = plan(backend, lengths[:, None], torch.arange(64), groups, block_mask=anc)
         got = attend(p, q, k, v, k_new, v_new)
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+# ---- the sampled walk on the device --------------------------------------------------------------
+def test_child_table_lists_children_in_rank_order():
+    parents = torch.tensor([[0, 0, 0, 0, 1, 1, 4], [0, 0, 1, 1, 1, 2, 0]])
+    kid = child_table(parents, 3)
+    assert kid[0, 0].tolist() == [1, 2, 3] and kid[0, 1].tolist() == [4, 5, 0]
+    assert kid[0, 4].tolist() == [6, 0, 0] and kid[0, 2].tolist() == [0, 0, 0]
+    assert kid[1, 0].tolist() == [1, 6, 0] and kid[1, 1].tolist() == [2, 3, 4]
+    assert kid[1, 2].tolist() == [5, 0, 0]
+
+
+def test_rejection_path_is_exact_at_a_node():
+    """The reference test's tree and distributions (tests/dflash/test_tree.py), every trial a
+    row of one batched call: the first token follows p at the root, the second p after it."""
+    from dflash_plugin.sampling import SamplingParams
+    from dflash_plugin.tree import sample_ranks
+    from tests.dflash.test_tree import (
+        RRS_PARENTS,
+        RRS_Q,
+        RRS_V,
+        rrs_check,
+        rrs_trial_tensors,
+    )
+    gen = torch.Generator().manual_seed(2)
+    trials = 40000
+    ranked = sample_ranks(RRS_Q[None].expand(trials, 2, RRS_V), 3, gen)
+    tokens, p = rrs_trial_tensors(ranked)
+    ids = torch.cat([torch.zeros(trials, 1, dtype=torch.long), tokens], 1)  # [trials, 6]
+    parents = torch.tensor([0] + RRS_PARENTS).expand(trials, 6)
+    q = RRS_Q[None].expand(trials, 2, RRS_V)
+    path, acc, bonus = rejection_path(ids, parents, p.log(), q, SamplingParams(1.0), 2, 3, gen)
+    first = torch.where(acc >= 1, ids.gather(1, path[:, 1:2])[:, 0], bonus)
+    second = torch.where(acc >= 2, ids.gather(1, path[:, 2:3])[:, 0],
+                         torch.where(acc == 1, bonus, -1))
+    assert (path[:, 1] <= 3).all() and ((path[:, 2] == 0) | (path[:, 2] >= 4)).all()
+    rrs_check(first, second)
 
 
 # ---- the loop ----------------------------------------------------------------------------------

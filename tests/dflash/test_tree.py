@@ -15,7 +15,15 @@ from dflash_plugin.errors import ConfigError
 from dflash_plugin.generate import speculative_generate
 from dflash_plugin.proposers import DFlashProposer
 from dflash_plugin.sampling import SamplingParams
-from dflash_plugin.tree import Tree, build_tree, capacity, tree_mask, walk_tree
+from dflash_plugin.tree import (
+    Tree,
+    build_tree,
+    capacity,
+    rejection_walk,
+    sample_ranks,
+    tree_mask,
+    walk_tree,
+)
 from dflash_plugin.tree_generate import tree_generate
 from tests.conftest import VOCAB, fitted_drafter, greedy_reference
 from tests.dflash.test_sampling import (  # noqa: F401 (small: a fixture)
@@ -260,6 +268,71 @@ def test_sampled_tree_negative_control(small, monkeypatch, bug):  # noqa: F811
     codes = torch.tensor([(t[0] * V + t[1]) * V + t[2] for t in res.tokens])
     counts = torch.bincount(codes, minlength=V ** NEW).double()
     assert chi2_pvalue(counts, exact_distribution(target, params)) < 1e-6
+
+
+# ---- recursive rejection sampling at one node, exact -------------------------------------------
+# Shape: three children of the root (ranks 0-2 at depth 1), two under the rank-0 child (depth 2);
+# q at depth 1 has only 4 tokens in its support (rank 3+ would be dead), p depends on the path.
+RRS_V = 6
+RRS_Q = torch.tensor([[0.4, 0.3, 0.2, 0.1, 0.0, 0.0],
+                      [0.25, 0.25, 0.2, 0.1, 0.1, 0.1]])  # [depth, vocab]
+RRS_P_ROOT = torch.tensor([0.05, 0.1, 0.15, 0.3, 0.25, 0.15])
+RRS_P_NEXT = torch.softmax(torch.arange(36.0).view(6, 6).sin() * 2, -1)  # [first token, vocab]
+RRS_PARENTS, RRS_DEPTHS, RRS_RANKS = [0, 0, 0, 1, 1], [1, 1, 1, 2, 2], [0, 1, 2, 0, 1]
+
+
+def rrs_trial_tensors(ranked: torch.Tensor):  # [trials, 2, 3] sampled tokens per depth, rank
+    """Per trial: node tokens [trials, 5] and the target's p at each tree index [trials, 6, V]."""
+    tokens = torch.stack([ranked[:, d - 1, r] for d, r in zip(RRS_DEPTHS, RRS_RANKS)], 1)
+    p = torch.empty(len(ranked), 6, RRS_V)
+    p[:, 0] = RRS_P_ROOT
+    p[:, 1:] = RRS_P_NEXT[tokens]  # a depth-1 node's p follows its token; depth 2: unused
+    return tokens, p
+
+
+def rrs_check(first: torch.Tensor, second: torch.Tensor):
+    """first ~ p at the root; second | first = x (a kept depth-1 node) ~ p after x."""
+    assert chi2_pvalue(torch.bincount(first, minlength=RRS_V).double(),
+                       RRS_P_ROOT.double()) > 1e-3
+    for x in range(RRS_V):
+        sel = second[(first == x) & (second >= 0)]
+        if len(sel) > 200:
+            assert chi2_pvalue(torch.bincount(sel, minlength=RRS_V).double(),
+                               RRS_P_NEXT[x].double()) > 1e-3, x
+    kept = (second >= 0).float().mean().item()
+    assert 0.3 < kept < 1.0, kept  # the children are kept often, not always
+
+
+def test_sample_ranks_is_a_sample_without_replacement():
+    gen = torch.Generator().manual_seed(0)
+    ranked = sample_ranks(RRS_Q[None].expand(20000, 2, RRS_V), 3, gen)  # [trials, 2, 3]
+    assert (ranked[:, 0, :3] < 4).all()  # q's support first
+    for d in range(2):
+        r = ranked[:, d]
+        assert (r[:, 0] != r[:, 1]).all() and (r[:, 1] != r[:, 2]).all()
+        assert chi2_pvalue(torch.bincount(r[:, 0], minlength=RRS_V).double(),
+                           RRS_Q[d].double()) > 1e-3
+        q2 = RRS_Q[d][None].expand(RRS_V, RRS_V).clone().fill_diagonal_(0)  # second | first
+        q2 = q2 / q2.sum(-1, keepdim=True)
+        exp = (RRS_Q[d][:, None] * q2).flatten()
+        got = torch.bincount(r[:, 0] * RRS_V + r[:, 1], minlength=RRS_V ** 2).double()
+        assert chi2_pvalue(got, exp.double()) > 1e-3
+
+
+def test_rejection_walk_is_exact_at_a_node():
+    gen = torch.Generator().manual_seed(1)
+    trials = 12000
+    ranked = sample_ranks(RRS_Q[None].expand(trials, 2, RRS_V), 3, gen)
+    tokens, p = rrs_trial_tensors(ranked)
+    first, second = torch.empty(trials, dtype=torch.long), torch.full((trials,), -1)
+    for t in range(trials):
+        tree = Tree(tokens[t].tolist(), RRS_PARENTS, RRS_DEPTHS)
+        path, bonus = rejection_walk(tree, p[t], RRS_Q, gen)
+        out = [tree.tokens[i - 1] for i in path] + [bonus]
+        first[t] = out[0]
+        if len(out) > 1:
+            second[t] = out[1]
+    rrs_check(first, second)
 
 
 def test_bad_tree_arguments(pair):
