@@ -6,7 +6,8 @@ report), a round of length q commits E(q) = 1 + s_1 + ... + s_{q-1} tokens on av
 T(q) (verify + draft, measured); q = 1 is plain decoding (E = 1, no drafter). The policy takes
 the q of the largest E(q) / T(q), so it picks plain decoding whenever speculation does not pay.
 Survival is tracked with exponential decay, so it follows a request's (or batch's) recent rounds.
-`AdaptiveConfig` + `BlockPolicy` drive the fast runtime's loop (`fast.loop.fast_generate`).
+`AdaptiveConfig` + `BlockPolicy` drive the fast runtime's loop (`fast.loop.fast_generate`, its
+adaptive part in `fast.adaptive_loop`).
 """
 
 from __future__ import annotations
@@ -85,9 +86,9 @@ class AdaptiveConfig:
     """How `fast_generate(..., adaptive=AdaptiveConfig(...))` picks each round's block length.
 
     round_ms: q -> ms of one round at the decoder's batch (None: the decoder's own, measured by
-    `fast.loop.measure_round_ms` after `warmup()`); the policy picks among these q (<= the call's
-    block_size). reads_every: most rounds issued at q > 1 before the next host read (and update;
-    2 after the first choice, which rests on the prior alone).
+    `fast.adaptive_loop.measure_round_ms` after `warmup()`); the policy picks among these q (<=
+    the call's block_size). reads_every: most rounds issued at q > 1 before the next host read
+    (and update; 2 after the first choice, which rests on the prior alone).
     probe_every: after at least this many plain rounds, one round at the longest measured q, so
     a batch whose drafts started to pass is noticed (0: never); probes come further apart when
     needed to cost at most probe_overhead of the plain rounds' time.

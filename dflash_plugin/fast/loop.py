@@ -15,23 +15,21 @@ never see them, and their cache slots are stale until overwritten), so `warmup` 
 compile and capture before the first request. *Invariant* decoders compute a position the same
 way whatever the number of queries in its forward (batch-invariant matmuls, RMSNorm and
 attention plan: `invariant_ops`, "triton-invariant"). *Adaptive* generation picks each round's
-block length from measured round times (`measure_round_ms`) and the acceptance seen so far
-(`adaptive.BlockPolicy`); switching q costs no capture, `warmup` has captured every q.
+block length from measured round times and the acceptance seen so far (`adaptive_loop`, imported
+only when a generation is adaptive); switching q costs no capture, `warmup` has captured every q.
 """
 
 from __future__ import annotations
 
 import os
-import statistics
 import time
-from collections import Counter
 from functools import partial
 
 import torch
 from specdec_kernels.qwen3 import EAGER, Ops, add_norm, norm_rope
 from torch.nn import functional as F
 
-from ..adaptive import AdaptiveConfig, BlockPolicy
+from ..adaptive import AdaptiveConfig
 from ..errors import ConfigError, require
 from ..metrics import AggregateMetrics, GenerationResult, RequestMetrics
 from ..ngram import ngram_lookup
@@ -43,7 +41,6 @@ from .qwen3 import TargetWeights, compile_pointwise, target_forward
 
 MAX_STOPS = 8
 AHEAD_CAP = 32  # rounds issued without reading the state back
-CANDIDATES = (1, 2, 4, 8, 16)  # block lengths `measure_round_ms` times by default
 
 
 def accept_round(
@@ -141,7 +138,7 @@ class FastDecoder:
         self.out_buf = torch.zeros(batch, max_len + 1, **z)  # last column: dump slot
         self.history = torch.zeros(max_len + 2, 3, batch, **z)  # per round: n, accepted, live
         self.steps = StepGraphs(device, graphs)
-        self.round_ms: dict[int, float] = {}  # q -> ms of one round (`measure_round_ms`)
+        self.round_ms: dict[int, float] = {}  # q -> ms of one round (`adaptive_loop`)
 
     # ---- steps (static shapes for a given q; no host sync) ----
     def _draft(self, q: int) -> None:
@@ -320,66 +317,6 @@ def _sync(device):
 
 
 @torch.inference_mode()
-def measure_round_ms(dec: FastDecoder, candidates=None, *, reps: int = 5, rounds: int = 4,
-                     context: int | None = None, plain_context: bool = True,
-                     drafted: int | None = None) -> dict[int, float]:
-    """Milliseconds of one round at each block length q in `candidates` (default `CANDIDATES`
-    up to max_block) for the decoder's whole batch, at a context of `context` tokens (default:
-    half the cache): per q, a prefill, two untimed rounds, then the median over `reps` runs of
-    `rounds` back-to-back rounds (CUDA events; the host clock elsewhere). q > 1 rounds draft a
-    block of `drafted` (default max_block, as the adaptive loop does) and verify q; q = 1 is a
-    plain step (with the drafter's context write when `plain_context`, as
-    `AdaptiveConfig.plain_context` runs it).
-    Call after `warmup()` (else the first rounds capture graphs); outputs are unchanged (every
-    generation starts with a prefill, which resets all state). Stored in `dec.round_ms`."""
-    if candidates is None:
-        candidates = [q for q in CANDIDATES if q <= dec.max_block]
-    cands = sorted(set(candidates))
-    bad = [q for q in cands if not isinstance(q, int) or not 1 <= q <= dec.max_block]
-    require(bool(cands) and not bad, "candidates",
-            f"block lengths in [1, {dec.max_block}] (max_block), got {list(candidates)}")
-    require(dec.drafter is not None or cands == [1], "candidates",
-            f"block lengths > 1 need a drafter; this decoder has none (got {cands})")
-    require(reps >= 1 and rounds >= 1, "reps", f"reps and rounds must be >= 1, got {reps}, "
-            f"{rounds}")
-    top = dec.max_len - dec.max_block - 1
-    width = min(max(1, (dec.max_len - dec.max_block) // 2 if context is None else context), top)
-    out = {}
-    for q in cands:
-        dec.prefill([[0] * width] * dec.batch, dec.max_len - dec.max_block - width)
-        ctx = q > 1 or plain_context
-        dl = drafted or dec.max_block
-        for _ in range(2):
-            dec.round(q, ctx=ctx, drafted=dl)
-        spans = []
-        for _ in range(reps):
-            a, b = _event(dec.device), _event(dec.device)
-            a.record()
-            for _ in range(rounds):
-                dec.round(q, ctx=ctx, drafted=dl)
-            b.record()
-            spans.append((a, b))
-        _sync(dec.device)
-        out[q] = statistics.median(a.elapsed_time(b) for a, b in spans) / rounds
-    dec.round_ms = out
-    return out
-
-
-def _policy(dec, adaptive, proposer, block_size) -> BlockPolicy:
-    cfg = AdaptiveConfig() if adaptive is True else adaptive
-    require(isinstance(cfg, AdaptiveConfig), "adaptive",
-            f"True or an AdaptiveConfig, got {adaptive!r}")
-    require(proposer == "dflash" and dec.drafter is not None, "adaptive",
-            f"needs the DFlash proposer and a decoder with a drafter (proposer={proposer!r}, "
-            f"drafter {'loaded' if dec.drafter is not None else 'none'})")
-    round_ms = cfg.round_ms if cfg.round_ms is not None else dec.round_ms
-    require(bool(round_ms) or cfg.forced is not None, "round_ms",
-            "no round times: call fast.loop.measure_round_ms(dec) after warmup(), or pass "
-            "AdaptiveConfig(round_ms={q: ms})")
-    return BlockPolicy(cfg, round_ms, block_size, dec.max_block - 1)
-
-
-@torch.inference_mode()
 def fast_generate(dec: FastDecoder, prompts: list[list[int]], *, block_size: int,
                   max_new_tokens: int, stop_token_ids=(), proposer: str = "dflash",
                   profile: bool = False, adaptive: AdaptiveConfig | bool | None = None
@@ -387,50 +324,40 @@ def fast_generate(dec: FastDecoder, prompts: list[list[int]], *, block_size: int
     """Greedy generation; `proposer` is "dflash", "ngram" (host prompt lookup) or "ar"
     (plain decoding: block_size is forced to 1).
 
-    `adaptive` (DFlash only; True = `AdaptiveConfig()`): at each host read, the rounds read
-    back update one decayed survival estimate pooled over the batch's live rows, and the next
-    rounds run at q = `best_block(round_ms, survival)` among the measured q <= block_size (one
-    q per round for the whole batch; q = 1: a plain step, no draft and, unless
-    `plain_context`, no drafter context write). Rounds per chosen q: `metrics.block_lengths`.
-    Outputs are those of plain decoding whatever the choices."""
+    `adaptive` (DFlash only; True = `AdaptiveConfig()`): each round's block length, one q <=
+    block_size for the whole batch, is chosen at the host reads from the measured round times
+    and the batch's acceptance (`adaptive_loop.AdaptiveRounds`). Rounds per chosen q:
+    `metrics.block_lengths`. Outputs are those of plain decoding whatever the choices."""
     require(proposer in ("dflash", "ngram", "ar"), "proposer", f"got {proposer!r}")
     require(proposer != "dflash" or dec.drafter is not None, "proposer", "no drafter loaded")
     bsz = 1 if proposer == "ar" else block_size
     require(1 <= bsz <= dec.max_block, "block_size", f"must be in [1, {dec.max_block}]")
-    policy = None
+    ada = None
     if adaptive is not None and adaptive is not False:
-        policy = _policy(dec, adaptive, proposer, bsz)
-    top = bsz  # the policy's longest block: the drafter's block in every adaptive round
+        from .adaptive_loop import AdaptiveRounds  # it builds on this module
+
+        ada = AdaptiveRounds(dec, adaptive, proposer, bsz)
     dev = dec.device
     agg = AggregateMetrics([RequestMetrics(prompt_tokens=len(p)) for p in prompts])
     t0 = time.perf_counter()
     dec.prefill(prompts, max_new_tokens, stop_token_ids)
     _sync(dev)
     agg.prefill_seconds = time.perf_counter() - t0
-    n_req, b = len(prompts), dec.batch
+    n_req = len(prompts)
     issued: list[int] = []  # g of every issued round
     timing = []
-    seen = 0  # rounds the policy has observed
     while True:
-        if policy is None:
+        if ada is None:
             done, out_len = torch.stack([dec.done.long(), dec.out_len]).tolist()  # the host read
-        else:  # the same one read, plus the rounds since the last one (all of one g)
-            drafted = len(issued) > seen and issued[-1] > 0
-            flat = torch.cat([dec.done.long(), dec.out_len, dec.round_idx, dec.history[
-                seen:len(issued) if drafted else seen].flatten()]).tolist()
-            done, out_len, recorded = flat[:b], flat[b:2 * b], flat[2 * b]
-            for r in range(recorded - seen):
-                at = 2 * b + 1 + r * 3 * b
-                acc, live_r = flat[at + b:at + 2 * b], flat[at + 2 * b:at + 3 * b]
-                policy.observe_round(issued[seen + r], [a for a, v in zip(acc, live_r) if v])
-            seen = recorded
+        else:  # the same one read, plus the rounds since the last one for the policy
+            done, out_len = ada.read(issued)
         live = [i for i in range(n_req) if not done[i]]
         if not live:
             break
         rem = max(max_new_tokens - out_len[i] for i in live)
         cap = AHEAD_CAP
-        if policy is not None:
-            bsz, most = policy.choose()
+        if ada is not None:
+            bsz, most = ada.policy.choose()
             cap = min(cap, most)
         g = min(bsz - 1, rem)
         ahead = rem if bsz == 1 else ((rem - g) // bsz + 1 if g == bsz - 1 else 1)
@@ -442,16 +369,16 @@ def fast_generate(dec: FastDecoder, prompts: list[list[int]], *, block_size: int
                     for i, p in enumerate(prompts + [[0]] * (dec.batch - n_req))]
             last = [buf[i][out_len[i] - 1] for i in range(n_req)] + [0] * (dec.batch - n_req)
             host = [c + [c[-1] if c else a] * (g - len(c)) for c, a in zip(host, last)]
+        how = {} if ada is None else ada.round_args(g)  # ctx, drafted
         for _ in range(max(1, min(ahead, cap))):
             ev = [_event(dev) for _ in range(4)] if profile else None
-            dec.round(g + 1, host, ev, ctx=policy is None or g > 0 or policy.cfg.plain_context,
-                      drafted=top if policy is not None else None)
+            dec.round(g + 1, host, ev, **how)
             issued.append(g)
             if ev:
                 timing.append(ev)
     result, rounds = finish(dec, agg, issued, stop_token_ids, timing, t0)
-    if policy is not None:
-        agg.block_lengths = dict(sorted(Counter(g + 1 for g in issued[:rounds]).items()))
+    if ada is not None:
+        agg.block_lengths = ada.block_lengths(issued[:rounds])
     return result
 
 
@@ -480,3 +407,12 @@ def finish(dec: FastDecoder, agg: AggregateMetrics, issued: list[int], stop_toke
         agg.draft_seconds = sum(e[0].elapsed_time(e[1]) for e in timing) / 1e3
         agg.verify_seconds = sum(e[1].elapsed_time(e[verify_end]) for e in timing) / 1e3
     return GenerationResult(tokens=tokens, metrics=agg), len(hist)
+
+
+def __getattr__(name: str):
+    """`adaptive_loop.measure_round_ms` and `CANDIDATES`, loaded on first use (it imports us)."""
+    if name in ("measure_round_ms", "CANDIDATES"):
+        from . import adaptive_loop
+
+        return getattr(adaptive_loop, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
