@@ -33,6 +33,7 @@ from ..adaptive import AdaptiveConfig
 from ..errors import ConfigError, require
 from ..metrics import AggregateMetrics, GenerationResult, RequestMetrics
 from ..ngram import ngram_lookup
+from ..sampling import SamplingParams, pick_tokens
 from .attention import check_backend, resolve_backend
 from .cache import StaticKVCache, rope_table
 from .drafter import DraftWeights, context_write, draft_block
@@ -41,6 +42,7 @@ from .qwen3 import TargetWeights, compile_pointwise, target_forward
 
 MAX_STOPS = 8
 AHEAD_CAP = 32  # rounds issued without reading the state back
+GREEDY = SamplingParams()
 
 
 def accept_round(
@@ -169,7 +171,11 @@ class FastDecoder:
                 self.history, self.round_idx]
 
     # ---- prefill ----
-    def prefill(self, prompts: list[list[int]], max_new_tokens: int, stops=()) -> None:
+    def prefill(self, prompts: list[list[int]], max_new_tokens: int, stops=(),
+                params: SamplingParams | None = None,
+                generator: torch.Generator | None = None) -> None:
+        """The prompts' K/V and each row's first token: the target's argmax, or a sample with
+        `params` (sampled tree rounds, `tree_loop`)."""
         b, dev = self.batch, self.device
         require(1 <= len(prompts) <= b, "prompts", f"1..{b} prompts per call, got {len(prompts)}")
         require(len(stops) <= MAX_STOPS, "stop_token_ids", f"at most {MAX_STOPS}")
@@ -189,7 +195,7 @@ class FastDecoder:
         hn, feats = target_forward(self.target, self.tcache, self.trope, ids, pos, pos + 1,
                                    self.layer_ids, ops=self.ops)  # SDPA, not graphed
         last = hn.gather(1, (lens - 1)[:, None, None].expand(b, 1, hn.shape[-1]))[:, 0]
-        first = self.linear(last, self.target.lm_head).argmax(-1)
+        first = pick_tokens(self.linear(last, self.target.lm_head), params or GREEDY, generator)
         if self.drafter is not None:
             context_write(self.drafter, self.dcache, self.drope, feats, pos)
         self.tcache.reset(lens)

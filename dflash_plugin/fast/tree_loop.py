@@ -1,14 +1,18 @@
-"""Greedy tree rounds (DDTree-style) in the fast runtime, over a `FastDecoder`'s state and caches.
+"""Tree rounds (DDTree-style) in the fast runtime, over a `FastDecoder`'s state and caches.
 
 A round is three steps with static shapes and no host sync: `draft` (the drafter's top-k per
 depth, then `tree_build.build_tree`: n nodes per row), `verify` (the target once over
-[anchor + n nodes] under the ancestor mask, then the greedy walk and the *compaction*) and
+[anchor + n nodes] under the ancestor mask, then the walk and the *compaction*) and
 `accept` (`loop.accept_round` along the walked path: caps, stop tokens, lengths, history).
 *Scratch slots*: the block's K/V go to slots length + tree index (tree nodes share positions:
 RoPE uses position length + depth); the compaction moves the accepted path to slots
 length + depth in every target layer and writes the drafter's context K/V of the path at
 those positions. Shapes: g = min(B - 1, remaining), n = min(budget, capacity(g, topk)), as in the
-reference `tree_generate`, so both commit the same tokens in the same rounds.
+reference `tree_generate`, so both commit the same tokens in the same rounds (greedy).
+Sampled (T > 0), as the reference: the shape from the drafter's transformed q, tokens a sample
+without replacement from q per depth (`tree.sample_ranks`), the walk recursive rejection
+sampling (`tree_build.rejection_path`). Random numbers come from `generator` (CPU) or the
+device's default generator (CUDA, safe under graph capture: seed it with `torch.manual_seed`).
 """
 
 from __future__ import annotations
@@ -19,22 +23,25 @@ import torch
 
 from ..errors import require
 from ..metrics import AggregateMetrics, GenerationResult, RequestMetrics
-from ..tree import capacity
+from ..sampling import SamplingParams, sampling_probs
+from ..tree import capacity, sample_ranks
 from .attention import plan
-from .drafter import context_write, draft_topk
+from .drafter import context_write, draft_logits
 from .graphs import StepGraphs
 from .loop import AHEAD_CAP, FastDecoder, _accept_impl, _event, _sync, finish
 from .qwen3 import target_forward
-from .tree_build import ancestor_mask, build_tree, greedy_path
+from .tree_build import ancestor_mask, build_tree, greedy_path, rejection_path
 
 
 class TreeDecoder:
     """Tree rounds of `budget` nodes, top-`topk` per depth, blocks of `block_size` (anchor +
     g <= block_size - 1 depths) over `dec`. `draft_logits(g) -> [batch, g, vocab]` replaces the
-    DFlash drafter (tests: oracles; it must not sync with the host)."""
+    DFlash drafter (tests: oracles; it must not sync with the host). `params`: greedy, or the
+    sampling transform of every request."""
 
     def __init__(self, dec: FastDecoder, budget: int, topk: int = 4,
-                 block_size: int | None = None, draft_logits=None):
+                 block_size: int | None = None, draft_logits=None,
+                 params: SamplingParams = SamplingParams()):
         vocab = dec.target.shape.vocab
         block = block_size or dec.max_block
         require(budget >= 1, "tree_budget", f"must be >= 1 (0 = linear drafting), got {budget}")
@@ -44,7 +51,11 @@ class TreeDecoder:
         require(dec.drafter is not None or draft_logits is not None, "proposer",
                 "tree rounds need a drafter (or a draft_logits hook)")
         self.dec, self.budget, self.topk, self.block = dec, budget, topk, block
-        self.draft_hook = draft_logits
+        self.draft_hook, self.params = draft_logits, params
+        self.generator = None  # CUDA: the default generator (graph-safe)
+        if dec.device.type != "cuda":
+            self.generator = torch.Generator(dec.device)
+            self.generator.manual_seed(params.seed if params.seed is not None else 0)
         n, d = self.nodes(block - 1), self.depth(block - 1)
         b, dev = dec.batch, dec.device
         z = dict(dtype=torch.long, device=dev)
@@ -53,6 +64,8 @@ class TreeDecoder:
         self.depths = torch.zeros(b, n + 1, **z)
         self.tgt_path = torch.zeros(b, d + 1, **z)  # the target's ids along the walked path
         self.drf_path = torch.zeros(b, d, **z)  # the path's draft ids, -1 past its end
+        if not params.greedy:  # the drafter's q per depth, read by the sampled walk
+            self.q = torch.zeros(b, block - 1, vocab, dtype=torch.float32, device=dev)
         self.steps = StepGraphs(dev, dec.steps.enabled)
 
     def nodes(self, g: int) -> int:
@@ -65,19 +78,26 @@ class TreeDecoder:
     def _draft(self, g: int) -> None:
         dec, n = self.dec, self.nodes(g)
         if self.draft_hook is not None:
-            lp, ids = self.draft_hook(g).float().log_softmax(-1).topk(self.topk, dim=-1)
+            logits = self.draft_hook(g).float()  # [batch, g, vocab]
         else:
-            lp, ids = draft_topk(dec.drafter, dec.dcache, dec.drope, dec.target.embed,
-                                 dec.target.lm_head, dec.anchor, g + 1, self.topk,
-                                 dec.attention)
+            logits = draft_logits(dec.drafter, dec.dcache, dec.drope, dec.target.embed,
+                                  dec.target.lm_head, dec.anchor, g + 1, dec.attention).float()
+        if self.params.greedy:
+            lp, ids = logits.log_softmax(-1).topk(self.topk, dim=-1)  # [batch, g, k]
+        else:  # shape from q's sorted values (zeros floored), tokens drawn from q
+            q = sampling_probs(logits, self.params)
+            self.q[:, :g].copy_(q)
+            lp = q.clamp_min(1e-30).log().topk(self.topk, dim=-1).values
+            ids = sample_ranks(q, self.topk, self.generator)
         tok, par, dep = build_tree(lp, ids, n)
         self.tokens[:, 1:n + 1].copy_(tok)
         self.parents[:, 1:n + 1].copy_(par)
         self.depths[:, 1:n + 1].copy_(dep)
 
     def _verify(self, g: int) -> None:
-        """Target forward, greedy walk, compaction of the path (idempotent: it re-reads only the
-        scratch slots this step writes, so a graph's eager warm-up may run it twice)."""
+        """Target forward, walk, compaction of the path (idempotent: it re-reads only the
+        scratch slots this step writes, so a graph's eager warm-up may run it twice; sampled, a
+        warm-up draws other random numbers, which only the capture's replays use)."""
         dec, n, d = self.dec, self.nodes(g), self.depth(g)
         lengths, s = dec.tcache.lengths, dec.target.shape
         ids = torch.cat([dec.anchor[:, None], self.tokens[:, 1:n + 1]], 1)  # [batch, n + 1]
@@ -88,9 +108,17 @@ class TreeDecoder:
         hn, feats = target_forward(dec.target, dec.tcache, dec.trope, ids,
                                    lengths[:, None] + depths, None, dec.layer_ids,
                                    ops=dec.ops, slots=slots, attn=attn)
-        choice = dec.linear(hn, dec.target.lm_head).argmax(-1)  # [batch, n + 1]
-        path, acc = greedy_path(ids, parents, depths, choice, d)  # [batch, d + 1], [batch]
-        self.tgt_path[:, :d + 1].copy_(choice.gather(1, path))
+        logits = dec.linear(hn, dec.target.lm_head)  # [batch, n + 1, vocab]
+        if self.params.greedy:
+            choice = logits.argmax(-1)  # [batch, n + 1]
+            path, acc = greedy_path(ids, parents, depths, choice, d)  # [batch, d + 1], [batch]
+            self.tgt_path[:, :d + 1].copy_(choice.gather(1, path))
+        else:  # the path's tokens, then the bonus at `acc` (and past it: `accept` stops there)
+            path, acc, bonus = rejection_path(ids, parents, logits, self.q[:, :d], self.params,
+                                              d, self.topk, self.generator)
+            on_path = torch.cat([ids.gather(1, path[:, 1:]), bonus[:, None]], 1)  # [batch, d + 1]
+            j = torch.arange(d + 1, device=dec.device)
+            self.tgt_path[:, :d + 1].copy_(torch.where(j < acc[:, None], on_path, bonus[:, None]))
         j = torch.arange(d, device=dec.device)
         self.drf_path[:, :d].copy_(torch.where(j < acc[:, None], ids.gather(1, path[:, 1:]), -1))
         src, dst = slots.gather(1, path), slots[:, :d + 1]
@@ -144,12 +172,19 @@ class TreeDecoder:
 def tree_generate_fast(dec: FastDecoder | TreeDecoder, prompts: list[list[int]], *,
                        budget: int | None = None, topk: int = 4, block_size: int | None = None,
                        max_new_tokens: int, stop_token_ids=(),
+                       params: SamplingParams | None = None,
                        profile: bool = False) -> GenerationResult:
-    """Greedy tree decoding; `dec` is a `TreeDecoder` (reused: its graphs stay captured) or a
-    `FastDecoder` with `budget` / `topk` / `block_size` (a new TreeDecoder per call). Metrics
-    as `fast_generate`, plus `metrics.tree` as the reference `tree_generate` reports it
-    (build time is inside the draft step: `draft_seconds` when profiled)."""
-    tdec = dec if isinstance(dec, TreeDecoder) else TreeDecoder(dec, budget, topk, block_size)
+    """Tree decoding, greedy or sampled (`params`); `dec` is a `TreeDecoder` (reused: its graphs
+    stay captured; `params` must then be its own or None) or a `FastDecoder` with `budget` /
+    `topk` / `block_size` (a new TreeDecoder per call). Metrics as `fast_generate`, plus
+    `metrics.tree` as the reference `tree_generate` reports it (build time is inside the draft
+    step: `draft_seconds` when profiled)."""
+    if isinstance(dec, TreeDecoder):
+        tdec = dec
+        require(params is None or params == tdec.params, "params",
+                f"this TreeDecoder samples with {tdec.params}; got {params}")
+    else:
+        tdec = TreeDecoder(dec, budget, topk, block_size, params=params or SamplingParams())
     fd, bsz = tdec.dec, tdec.block
     width = max((len(p) for p in prompts), default=0)
     need = width + max_new_tokens + tdec.nodes(bsz - 1) + 1
@@ -159,7 +194,8 @@ def tree_generate_fast(dec: FastDecoder | TreeDecoder, prompts: list[list[int]],
     agg = AggregateMetrics([RequestMetrics(prompt_tokens=len(p)) for p in prompts])
     agg.tree = {"nodes_verified": 0, "build_seconds": None, "accepted_depths": {}}
     t0 = time.perf_counter()
-    fd.prefill(prompts, max_new_tokens, stop_token_ids)
+    fd.prefill(prompts, max_new_tokens, stop_token_ids, params=tdec.params,
+               generator=tdec.generator)
     _sync(fd.device)
     agg.prefill_seconds = time.perf_counter() - t0
     n_req = len(prompts)

@@ -4,7 +4,9 @@ The device tree build equals the reference `tree.build_tree` as a set of prefixe
 of the attention plan equals a hand-built one (and the hand-computed attention); greedy tree
 decoding is token-identical to plain decoding and commits what the reference `tree_generate`
 commits, round by round (batch 1 and 4, ragged, stop tokens mid-tree); an oracle whose top-1 draft
-is always wrong but whose second choice is right is accepted through the tree.
+is always wrong but whose second choice is right is accepted through the tree. Sampled: the
+device walk is exact at a node (the reference test's distributions) and the whole sampled loop
+follows the target's distribution (chi-square over every 3-token continuation).
 """
 
 import os
@@ -24,10 +26,19 @@ from dflash_plugin.fast.tree_build import (
 )
 from dflash_plugin.fast.tree_loop import TreeDecoder, tree_generate_fast
 from dflash_plugin.proposers import DFlashProposer
+from dflash_plugin.sampling import SamplingParams
 from dflash_plugin.tree import Tree, capacity, tree_mask, walk_tree
 from dflash_plugin.tree import build_tree as reference_build
 from dflash_plugin.tree_generate import tree_generate
 from tests.conftest import VOCAB, fitted_drafter, greedy_reference
+from tests.dflash.test_sampling import (  # noqa: F401 (small: a fixture)
+    NEW,
+    PROMPT,
+    V,
+    chi2_pvalue,
+    exact_distribution,
+    small,
+)
 
 PROMPTS = [[5, 17, 29, 41], [9, 8, 7, 6, 5, 4], [11, 12], [20, 30, 40, 50, 60, 70, 80]]
 
@@ -162,7 +173,6 @@ def test_child_table_lists_children_in_rank_order():
 def test_rejection_path_is_exact_at_a_node():
     """The reference test's tree and distributions (tests/dflash/test_tree.py), every trial a
     row of one batched call: the first token follows p at the root, the second p after it."""
-    from dflash_plugin.sampling import SamplingParams
     from dflash_plugin.tree import sample_ranks
     from tests.dflash.test_tree import (
         RRS_PARENTS,
@@ -184,6 +194,33 @@ def test_rejection_path_is_exact_at_a_node():
                          torch.where(acc == 1, bonus, -1))
     assert (path[:, 1] <= 3).all() and ((path[:, 2] == 0) | (path[:, 2] >= 4)).all()
     rrs_check(first, second)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0, seed=31),
+    SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=32),
+])
+def test_sampled_fast_tree_matches_target(small, params):  # noqa: F811 (the fixture)
+    """The sampled fast tree loop end to end (first token sampled in the prefill, drafts from q,
+    the device walk, compaction): every 3-token continuation at the exact target frequency
+    (chi-square, as tests/dflash/test_sampling.py)."""
+    target, drafter = small
+    n = 20000
+    dec = build_decoder(target, drafter, batch=n, max_len=32, max_block=4, graphs=False)
+    res = tree_generate_fast(dec, [PROMPT] * n, budget=6, topk=2, block_size=4,
+                             max_new_tokens=NEW, params=params)
+    codes = torch.tensor([(t[0] * V + t[1]) * V + t[2] for t in res.tokens])
+    counts = torch.bincount(codes, minlength=V ** NEW).double()
+    assert 1.05 < res.metrics.tau < 3.0
+    assert chi2_pvalue(counts, exact_distribution(target, params)) > 1e-3
+
+
+def test_sampled_fast_tree_refuses_other_params(pair):
+    target, drafter = pair
+    dec = build_decoder(target, drafter, batch=1, max_len=64, max_block=8, graphs=False)
+    tdec = TreeDecoder(dec, 4, 2, params=SamplingParams(temperature=1.0, seed=0))
+    with pytest.raises(ConfigError, match="params"):
+        tree_generate_fast(tdec, [[5, 6]], max_new_tokens=4, params=SamplingParams())
 
 
 # ---- the loop ----------------------------------------------------------------------------------
