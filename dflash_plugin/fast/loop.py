@@ -414,11 +414,3 @@ def finish(dec: FastDecoder, agg: AggregateMetrics, issued: list[int], stop_toke
         agg.verify_seconds = sum(e[1].elapsed_time(e[verify_end]) for e in timing) / 1e3
     return GenerationResult(tokens=tokens, metrics=agg), len(hist)
 
-
-def __getattr__(name: str):
-    """`adaptive_loop.measure_round_ms` and `CANDIDATES`, loaded on first use (it imports us)."""
-    if name in ("measure_round_ms", "CANDIDATES"):
-        from . import adaptive_loop
-
-        return getattr(adaptive_loop, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,7 @@ from dflash_plugin.checkpoint import load_drafter
 from dflash_plugin.errors import ConfigError
 from dflash_plugin.fast import build_decoder, fast_generate
 from dflash_plugin.fast import loop as fast_loop
-from dflash_plugin.fast.loop import measure_round_ms
+from dflash_plugin.fast.adaptive_loop import measure_round_ms
 from dflash_plugin.loading import load_target
 from dflash_plugin.training.data import load_prompts_jsonl
 
