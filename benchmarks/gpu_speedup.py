@@ -58,7 +58,7 @@ from bench.fast_rows import (  # noqa: E402
 )
 from bench.plot import markdown, plot  # noqa: E402
 from bench.projection import accept_times, project_8b, step_times  # noqa: E402
-from bench.tree_rows import tree_rows  # noqa: E402
+from bench.tree_rows import sampled_tree_rows, tree_rows  # noqa: E402
 
 from dflash_plugin.checkpoint import load_drafter  # noqa: E402
 from dflash_plugin.fast import build_decoder, fast_generate  # noqa: E402
@@ -143,6 +143,8 @@ def main() -> None:
     p.add_argument("--tree-budgets", type=int, nargs="+", default=[16, 32, 64, 128],
                    help="`tree` rows: node budgets (plus the linear draft), B = 16")
     p.add_argument("--tree-topk", type=int, default=4, help="`tree` rows: top-k per depth")
+    p.add_argument("--tree-temperature", type=float, default=0.0,
+                   help="`tree` rows: > 0 adds sampled rows (chain vs budgets) at this T")
     args = p.parse_args()
     if args.plot:
         print(plot(args.plot, Path(args.plot).with_name("speedup.png")))
@@ -431,6 +433,9 @@ def main() -> None:
     if "tree" in groups:
         attempt(R, "tree rounds", lambda: tree_rows(R, model, drafter, prompts, N, max_len, args,
                                                      add_row))
+        if args.tree_temperature > 0:
+            attempt(R, "sampled tree rounds", lambda: sampled_tree_rows(
+                R, model, drafter, prompts, N, max_len, args, add_row))
 
     # --- Qwen3-8B-shape projection (random weights) ---
     def proj():

@@ -5,7 +5,10 @@ Per batch size (1 and 8 by default): plain AR, linear DFlash (B = 16) and tree r
 budget (B = 16, top-k per depth), each after a warm-up over every shape and one untimed pass:
 warm tokens/s, tau, speedup over AR, token identity with AR, nodes per round, accepted-depth
 histogram, and isolated step times (graph replay, deepest round: g = 15) of the verify and the
-draft (+ tree build) per budget. Standalone CPU smoke (tiny: fp32, 2 prompts, 16 tokens):
+draft (+ tree build) per budget. With `--tree-temperature T` (> 0), also sampled rows: the
+chain (top-1, B - 1 nodes: speculative sampling) and each budget, recursive rejection sampling
+(our runtime has no sampled AR loop: speed is relative to the chain). CPU smoke (tiny: fp32,
+2 prompts, 16 tokens):
     python benchmarks/gpu_speedup.py --device cpu --out /tmp/tree-smoke --rows tree \
         --limit 2 --max-new-tokens 16 --tree-batches 1 2 --tree-budgets 8 16
 """
@@ -24,6 +27,7 @@ checkout_first()
 from dflash_plugin.fast import build_decoder  # noqa: E402
 from dflash_plugin.fast.graphs import time_step  # noqa: E402
 from dflash_plugin.fast.tree_loop import TreeDecoder, tree_generate_fast  # noqa: E402
+from dflash_plugin.sampling import SamplingParams  # noqa: E402
 
 BLOCK = 16
 
@@ -34,7 +38,8 @@ def sync():
 
 
 def run_tree(tdec: TreeDecoder, prompts, batch, max_new) -> dict:
-    """All prompts in chunks of `batch` (as `fast_rows.run_ours`), tree rounds."""
+    """All prompts in chunks of `batch` (as `fast_rows.run_ours`), tree rounds (greedy or the
+    decoder's sampling params)."""
     toks, reqs, secs, depths, nodes = [], [], [], {}, 0
     for i in range(0, len(prompts), batch):
         sync()
@@ -112,4 +117,33 @@ def tree_rows(R: dict, model, drafter, prompts, max_new: int, max_len: int, args
             f"verify {v.get('verify_ms', float('nan')):.3f} ms "
             f"identical {v['identity_vs_ar']['identical']}/{v['identity_vs_ar']['of']}"
             for k, v in s.items() if "tau" in v), flush=True)
+        del dec
+
+
+def sampled_tree_rows(R: dict, model, drafter, prompts, max_new: int, max_len: int, args,
+                      add_row) -> None:
+    """Rows "tree T=...: chain | N..." and R["tree_sampled"][f"b{batch}"]: the sampled chain
+    (top-1 tree of B - 1 nodes) and every budget at `args.tree_temperature`, same decoder."""
+    summary = R.setdefault("tree_sampled", {})
+    temp, budgets = args.tree_temperature, args.tree_budgets
+    params = SamplingParams(temperature=temp, seed=0)
+    for batch in args.tree_batches:
+        dec = build_decoder(model, drafter, batch=batch, max_len=max_len + max(budgets) + 1,
+                            max_block=BLOCK, attention=args.attention,
+                            prefill_bucket=args.prefill_bucket, invariant=args.invariant)
+        s = summary[f"b{batch}"] = {}
+        for name, budget, topk in [("chain", BLOCK - 1, 1)] + [
+                (f"N{b}", b, args.tree_topk) for b in budgets]:
+            tdec = TreeDecoder(dec, budget, topk, BLOCK, params=params)
+            R["warmup_seconds"][f"tree T{temp} {name} b{batch}"] = tdec.warmup()
+            run_tree(tdec, prompts, batch, max_new)  # untimed pass
+            r = run_tree(tdec, prompts, batch, max_new)
+            s[name] = {k: r[k] for k in ("tokens_per_second", "tau", "nodes_per_round",
+                                         "accepted_depths")}
+            s[name]["speedup_vs_chain"] = r["tokens_per_second"] / s["chain"]["tokens_per_second"]
+            add_row(f"tree T={temp}: {name}" + (f" k{topk}" if topk > 1 else ""), batch, BLOCK,
+                    {**r, "speedup_vs_chain": s[name]["speedup_vs_chain"]}, len(prompts))
+        print(f"  tree T={temp} b{batch}: " + ", ".join(
+            f"{k} {v['tokens_per_second']:.1f} tok/s tau {v['tau']:.2f}" for k, v in s.items()),
+            flush=True)
         del dec
