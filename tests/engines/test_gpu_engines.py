@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "examples" / "fixtures"
 TARGET, DRAFT = str(FIX / "code-target"), str(FIX / "code-target-dflash-b16")
 OURS = "dflash_plugin.engines.vllm_model.ValidatedDFlashQwen3ForCausalLM"
-SGLANG_ENTRY_POINTS = {"spiffy_plugin": "spiffy_plugin.engines.sglang:register",
+SGLANG_ENTRY_POINTS = {"dflash_plugin": "dflash_plugin.engines.sglang:register",
+                       "spiffy_plugin": "spiffy_plugin.engines.sglang:register",
                        "specfold_plugin": "specfold_plugin.engines.sglang:register"}
 DTYPE = os.environ.get("SPECDEC_GPU_TEST_DTYPE", "bfloat16")
 TOKENS = 64  # new tokens per prompt in the identity check
@@ -128,10 +129,14 @@ def _child_sglang_plugin(spec: dict) -> dict:
     found = load_plugins_by_group(GENERAL_PLUGINS_GROUP)  # {name: (callable, dist name)}
     for func, _ in found.values():
         func()  # SGLang's load_plugins() would only log an exception: call them ourselves
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
     from spiffy_plugin.engines.sglang import ALGORITHMS
 
+    tree = SpeculativeAlgorithm.from_string("DFLASH_TREE")
     return {"plugins": sorted(found), "dists": sorted({d for _, d in found.values()}),
             "algorithms": sorted(ALGORITHMS),
+            "tree_algorithm": f"{type(tree).__module__}.{type(tree).__name__}",
             "entries": {n: f"{f.__module__}:{f.__qualname__}" for n, (f, _) in found.items()}}
 
 
@@ -244,6 +249,7 @@ def test_sglang_plugin_entry_point_loads(tmp_path):
     assert res["entries"] == SGLANG_ENTRY_POINTS
     assert [d.replace("_", "-") for d in res["dists"]] == ["specdec-plugins"]
     assert {"Spiffy", "SpecFold"} <= set(res["algorithms"])
+    assert res["tree_algorithm"] == "dflash_plugin.engines.sglang_tree_algo.DFlashTreeAlgo"
 
 
 @pytest.fixture(scope="module")
