@@ -62,16 +62,20 @@ class Survival:
 
     def observe_round(self, drafted: int, accepted: list[int]) -> None:
         """One round of a batch, its rows pooled: every row drafted positions 1..drafted and row
-        i accepted `accepted[i]`; decays once per round (not once per row)."""
-        g = min(drafted, self.positions)
+        i accepted `accepted[i]`. A round weighs one, whatever the batch (the fraction of its
+        rows past each position), so the prior keeps its weight of `prior_rounds` rounds at any
+        batch size; decays once per round."""
+        g, n = min(drafted, self.positions), len(accepted)
+        if not n:
+            return
         at = [0] * (g + 1)  # rows by accepted length (capped at g)
         for a in accepted:
             at[min(a, g)] += 1
-        above = len(accepted)
+        above = n
         for k in range(g):
             above -= at[k]  # rows with accepted > k
-            self.hits[k] = self.hits[k] * self.decay + above
-            self.seen[k] = self.seen[k] * self.decay + len(accepted)
+            self.hits[k] = self.hits[k] * self.decay + above / n
+            self.seen[k] = self.seen[k] * self.decay + 1.0
 
     def values(self) -> list[float]:  # s_k, made non-increasing (a survival function)
         out, cap = [], 1.0
@@ -89,9 +93,10 @@ class AdaptiveConfig:
     `fast.adaptive_loop.measure_round_ms` after `warmup()`); the policy picks among these q (<=
     the call's block_size). reads_every: most rounds issued at q > 1 before the next host read
     (and update; 2 after the first choice, which rests on the prior alone).
-    probe_every: after at least this many plain rounds, one round at the longest measured q, so
-    a batch whose drafts started to pass is noticed (0: never); probes come further apart when
-    needed to cost at most probe_overhead of the plain rounds' time.
+    probe_every: after at least this many rounds shorter than the longest measured q (plain
+    rounds included), one round at that longest q, so a batch whose drafts started to pass, or
+    pass further than the rounds verify, is noticed (0: never); probes come further apart when
+    needed to cost at most probe_overhead of those rounds' time.
     plain_context: plain rounds also write the drafter's context (default; False: a plain round
     costs a plain step, but drafts after a plain stretch see stale context there, so probes
     accept less and the policy can stay plain where speculation pays: measured on the H200,
@@ -100,7 +105,7 @@ class AdaptiveConfig:
     (tests)."""
 
     round_ms: dict[int, float] | None = None
-    decay: float = 0.9
+    decay: float = 0.95
     prior: float = 0.5
     reads_every: int = 16
     probe_every: int = 16
@@ -137,18 +142,25 @@ class BlockPolicy:
         self.max_q = max_q
         self.survival = Survival(positions, cfg.decay, cfg.prior)
         self.decisions = 0
-        self.plain_rounds = 0  # plain rounds since the last drafted one
-        t1 = self.round_ms.get(1)
+        self.short_rounds = 0  # rounds since the last one at probe_q (plain ones included)
         longer = [q for q in self.round_ms if q > 1]
-        self.probe_q = max(longer) if t1 and longer else None
+        self.probe_q = max(longer) if len(self.round_ms) > 1 and longer else None
         self.probe_every = cfg.probe_every  # plain rounds between probes: probe_overhead at most
-        if self.probe_q and cfg.probe_every:
-            extra = self.round_ms[self.probe_q] / t1 - 1
-            self.probe_every = max(cfg.probe_every, math.ceil(extra / cfg.probe_overhead))
+        if self.probe_q and 1 in self.round_ms:
+            self.probe_every = self.spacing(1)
+
+    def spacing(self, q: int) -> int:
+        """Rounds at q between probes at probe_q: probe_every, or more where a probe costs over
+        probe_overhead of those rounds' time (0: never)."""
+        if not self.cfg.probe_every or not self.probe_q or q >= self.probe_q:
+            return 0
+        extra = self.round_ms[self.probe_q] / self.round_ms[q] - 1
+        return max(self.cfg.probe_every, math.ceil(extra / self.cfg.probe_overhead))
 
     def observe_round(self, drafted: int, accepted: list[int]) -> None:
         self.survival.observe_round(drafted, accepted)
-        self.plain_rounds = 0 if drafted else self.plain_rounds + 1
+        long = self.probe_q is not None and drafted + 1 >= self.probe_q
+        self.short_rounds = 0 if long else self.short_rounds + 1
 
     def choose(self) -> tuple[int, int]:
         """(q, the most rounds to issue at q before the next read)."""
@@ -160,9 +172,10 @@ class BlockPolicy:
                     f"block length in [1, {self.max_q}] (block_size), got {q!r}")
             return q, self.cfg.reads_every
         q = best_block(self.round_ms, self.survival.values())
-        if q > 1:  # the first choice rests on the prior alone: read back soon
-            return q, min(2, self.cfg.reads_every) if i == 0 else self.cfg.reads_every
-        every = self.probe_every
-        if every and self.probe_q and self.plain_rounds >= every:
+        every = self.spacing(q)  # a shorter q leaves the longer drafts unobserved: probe them
+        if every and self.short_rounds >= every:
             return self.probe_q, 1
-        return 1, every - self.plain_rounds if every and self.probe_q else 1 << 30
+        most = self.cfg.reads_every if q > 1 else 1 << 30
+        if i == 0 and q > 1:  # the first choice rests on the prior alone: read back soon
+            most = min(2, most)
+        return q, min(most, every - self.short_rounds) if every else most

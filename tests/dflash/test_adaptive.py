@@ -107,9 +107,9 @@ def test_policy_pools_rows_and_probes_after_plain_rounds():
     policy = BlockPolicy(cfg, costs, max_q=8, positions=15)  # block_size 8 drops q = 16
     assert policy.choose() == (8, 2)  # prior s_k = 0.5: E(8) = 4.5 in 2 ms; read back soon
     assert policy.choose() == (8, 3)  # then reads_every rounds per read
-    policy.observe_round(7, [0, 0, 0, 7])  # 4 rows pooled, decayed once: (0.9 + 1) / (1.8 + 4)
+    policy.observe_round(7, [0, 0, 0, 7])  # 4 rows pooled as one round: (0.95 + 1/4) / (1.9 + 1)
     # position 8 (not drafted) keeps its prior 0.5, capped by position 7: non-increasing
-    assert policy.survival.values()[:8] == pytest.approx([1.9 / 5.8] * 8)
+    assert policy.survival.values()[:8] == pytest.approx([1.2 / 2.9] * 8)
     for _ in range(10):
         policy.observe_round(7, [0, 0, 0, 0])
     assert policy.choose() == (1, 5)  # plain, for at most probe_every rounds
@@ -120,6 +120,38 @@ def test_policy_pools_rows_and_probes_after_plain_rounds():
     assert BlockPolicy(AdaptiveConfig(probe_every=5), costs, 8, 15).probe_every == 20
     forced = BlockPolicy(AdaptiveConfig(forced=lambda i: [4, 1][i % 2]), {}, 8, 15)
     assert forced.choose() == (4, AdaptiveConfig().reads_every)
+
+
+def test_a_round_weighs_one_whatever_the_batch():
+    """Pooling: a round of 32 rows of which 8 pass weighs as much as a round of 4 rows of which
+    1 passes (one round, a quarter past every position), so the prior of 2 rounds means the same
+    at every batch size."""
+    wide, narrow = Survival(positions=4, decay=0.9), Survival(positions=4, decay=0.9)
+    wide.observe_round(4, [4] * 8 + [0] * 24)
+    narrow.observe_round(4, [4, 0, 0, 0])
+    assert wide.values() == pytest.approx([(0.5 * 2 * 0.9 + 0.25) / (2 * 0.9 + 1)] * 4)
+    assert wide.values() == pytest.approx(narrow.values())
+
+
+def test_probes_at_the_longest_q_undo_a_short_choice():
+    """Rounds at q = 8 never verify positions 8-15: early misses there would keep the policy at
+    8 for good (censoring). Every `spacing(8)` rounds one round at 16 verifies them again, and
+    once they pass the policy goes back to 16."""
+    costs = {1: 1.0, 8: 1.2, 16: 1.6}
+    policy = BlockPolicy(AdaptiveConfig(probe_every=4), costs, max_q=16, positions=15)
+    for _ in range(3):
+        policy.observe_round(15, [7])  # position 8 missed three times
+    assert policy.choose()[0] == 8
+    assert policy.spacing(8) == 7  # a probe costs 1.6 / 1.2 - 1 = 1/3 round: 7 rounds for 5 %
+    rounds = []
+    for _ in range(30):
+        q, most = policy.choose()
+        for _ in range(most):
+            rounds.append(q)
+            policy.observe_round(q - 1, [q - 1])  # now every verified draft passes
+    assert rounds[:8] == [8] * 7 + [16] and rounds[-5:] == [16] * 5
+    assert policy.spacing(16) == 0 and BlockPolicy(AdaptiveConfig(probe_every=0), costs, 16,
+                                                   15).spacing(8) == 0
 
 
 @pytest.mark.parametrize("kw,field", [
