@@ -143,6 +143,9 @@ def main() -> None:
     p.add_argument("--tree-budgets", type=int, nargs="+", default=[16, 32, 64, 128],
                    help="`tree` rows: node budgets (plus the linear draft), B = 16")
     p.add_argument("--tree-topk", type=int, default=4, help="`tree` rows: top-k per depth")
+    p.add_argument("--tree-8b", action="store_true",
+                   help="`tree` rows: also the round cost per budget at the Qwen3-8B shape "
+                        "(random weights) and the speedup it implies at the measured taus")
     p.add_argument("--tree-temperature", type=float, default=0.0,
                    help="`tree` rows: > 0 adds sampled rows (chain vs budgets) at this T")
     args = p.parse_args()

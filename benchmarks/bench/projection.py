@@ -7,6 +7,9 @@ tau: tau * T(1) / (T(B) + T_draft(B)). Random weights: only the shapes matter fo
 by `gpu_speedup.py` and `fast_attention_bench.py`; the projection alone (tau 3.0 unless DFlash
 batch-1 rows run too, whose tau it then takes):
     python benchmarks/gpu_speedup.py --out OUT --rows 8b
+`tree_8b`: the same for tree rounds (`fast.tree_loop`): verify of anchor + N nodes and draft +
+tree build per node budget at the 8B shape, and the speedup over the linear block implied by
+the taus of the fixture's tree rows (`gpu_speedup.py --rows tree --tree-8b`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dflash_plugin.fast.drafter import random_drafter
 from dflash_plugin.fast.graphs import time_step
 from dflash_plugin.fast.loop import FastDecoder, accept_round
 from dflash_plugin.fast.qwen3 import Shape, random_target
+from dflash_plugin.fast.tree_loop import TreeDecoder
 
 QWEN3_8B = Shape(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, intermediate=12288,
                  vocab=151936, theta=1_000_000.0)
@@ -81,3 +85,46 @@ def project_8b(taus: dict[str, float], ctx: int = 1024, draft_layers: int = 5,
         torch.cuda.empty_cache()
     return res
 
+
+
+@torch.inference_mode()
+def tree_8b(taus: dict[str, float], budgets: list[int], batches: list[int], topk: int = 4,
+            ctx: int = 1024, draft_layers: int = 5, device: str = "cuda", iters: int = 50,
+            shape: Shape = QWEN3_8B, attention: str = "sdpa") -> dict:
+    """Per batch: {"linear": {verify_ms, draft_ms}, "N<budget>": {...}} of the deepest round
+    (B = 16: g = 15) at `ctx` committed tokens, and per budget with a tau in `taus` ("linear",
+    "N16", ...) the implied speedup over the linear block: (tau_N / round_N) / (tau / round)."""
+    dtype = torch.bfloat16
+    tw = random_target(shape, dtype, device)
+    dshape = Shape(shape.hidden, draft_layers, shape.heads, shape.kv_heads, shape.head_dim,
+                   shape.intermediate, shape.vocab, theta=shape.theta)
+    ids = tuple(build_target_layer_ids(shape.layers, draft_layers))
+    dw = random_drafter(dshape, shape.hidden, ids, dtype, device)
+    res = {"shape": shape.__dict__, "draft_layers": draft_layers, "context": ctx, "topk": topk,
+           "attention": attention}
+    for batch in batches:
+        dec = FastDecoder(tw, dw, batch, ctx + 64 + max(budgets), device, max_block=16,
+                          attention=attention)
+        dec.tcache.reset(torch.full((batch,), ctx, device=device))
+        d_ = dec.device
+        row = {"linear": {"verify_ms": time_step(lambda d=dec: d._verify(16), d_, iters),
+                          "draft_ms": time_step(lambda d=dec: d._draft(16), d_, iters)}}
+        for n in budgets:
+            tdec = TreeDecoder(dec, n, topk, 16)
+            tdec._draft(15)  # a real tree in the buffers before the verify is timed
+            row[f"N{n}"] = {"verify_ms": time_step(lambda t=tdec: t._verify(15), d_, iters),
+                            "draft_ms": time_step(lambda t=tdec: t._draft(15), d_, iters),
+                            "nodes": tdec.nodes(15)}
+        lin = row["linear"]
+        for name, t in row.items():
+            t["round_ms"] = t["verify_ms"] + t["draft_ms"]
+            if name in taus and "linear" in taus:
+                t["tau"] = taus[name]
+                t["speedup_vs_linear"] = (taus[name] / t["round_ms"]) / (
+                    taus["linear"] / lin["round_ms"])
+        res[f"b{batch}"] = row
+    del tw, dw
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return res

@@ -112,6 +112,11 @@ def tree_rows(R: dict, model, drafter, prompts, max_new: int, max_len: int, args
                  **{k: r[k] for k in ("nodes_per_round", "accepted_depths") if k in r}})
             add_row(f"tree: {name}" + (f" k{args.tree_topk}" if name.startswith("N") else ""),
                     batch, 1 if name == "AR" else BLOCK, {**r, **extra}, len(prompts))
+        if args.tree_8b:  # the same budgets' round cost at the Qwen3-8B shape, at this tau
+            from .projection import tree_8b
+            R.setdefault("tree_8b", {})[f"b{batch}"] = tree_8b(
+                {k: v["tau"] for k, v in s.items() if "tau" in v and k != "AR"}, budgets,
+                [batch], args.tree_topk, attention=args.attention, device=str(dec.device))
         print(f"  tree b{batch}: " + ", ".join(
             f"{k} {v['tokens_per_second']:.1f} tok/s tau {v['tau']:.2f} "
             f"verify {v.get('verify_ms', float('nan')):.3f} ms "
