@@ -204,15 +204,29 @@ def test_sampled_fast_tree_matches_target(small, params):  # noqa: F811 (the fix
     """The sampled fast tree loop end to end (first token sampled in the prefill, drafts from q,
     the device walk, compaction): every 3-token continuation at the exact target frequency
     (chi-square, as tests/dflash/test_sampling.py)."""
-    target, drafter = small
+    _sampled_fast_tree_check(*small, params, graphs=False)
+
+
+def _sampled_fast_tree_check(target, drafter, params, graphs: bool):
     n = 20000
-    dec = build_decoder(target, drafter, batch=n, max_len=32, max_block=4, graphs=False)
+    dec = build_decoder(target, drafter, batch=n, max_len=32, max_block=4, graphs=graphs)
     res = tree_generate_fast(dec, [PROMPT] * n, budget=6, topk=2, block_size=4,
                              max_new_tokens=NEW, params=params)
     codes = torch.tensor([(t[0] * V + t[1]) * V + t[2] for t in res.tokens])
     counts = torch.bincount(codes, minlength=V ** NEW).double()
     assert 1.05 < res.metrics.tau < 3.0
-    assert chi2_pvalue(counts, exact_distribution(target, params)) > 1e-3
+    assert chi2_pvalue(counts, exact_distribution(target.cpu(), params)) > 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sampled_fast_tree_under_cuda_graphs(small):  # noqa: F811
+    """The same check on CUDA with the round steps captured (random numbers from the default
+    generator inside the graphs), fp32."""
+    import copy
+    target, drafter = (copy.deepcopy(m).cuda() for m in small)
+    torch.manual_seed(41)
+    _sampled_fast_tree_check(target, drafter, SamplingParams(temperature=1.0), graphs=True)
 
 
 def test_sampled_fast_tree_refuses_other_params(pair):
