@@ -66,7 +66,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.common import agreement
-from bench.engine_report import add_compare_command, render_tp_identity, tp_of
+from bench.engine_report import add_report_commands, parse_tp_args, render_tp_identity, tp_of
 from bench.engine_rows import EngineSpec, Sampling, engine_env, gpu_name, start_engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -245,15 +245,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--out", required=True)
     r.add_argument("--log", default=None, help="engine log (default: --out with .log)")
     r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (SGLang tp_size)")
-    m = sub.add_parser("report")
-    m.add_argument("--inputs", nargs="+", required=True)
-    m.add_argument("--out-md", required=True)
-    m.set_defaults(func=cmd_report)
-    add_compare_command(sub)
-    args = p.parse_args(argv)
-    if getattr(args, "tp", 1) < 1:
-        p.error("--tp needs at least 1 GPU")
-    return args
+    add_report_commands(sub, cmd_report)
+    return parse_tp_args(p, argv)
 
 
 def main(argv=None) -> None:

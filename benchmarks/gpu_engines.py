@@ -116,8 +116,9 @@ from bench.common import checkout_first
 checkout_first()  # this checkout's dflash_plugin (bench.engine_rows imports it)
 
 from bench.engine_report import (  # noqa: E402
-    add_compare_command,
+    add_report_commands,
     fmt,
+    parse_tp_args,
     render_adaptive,
     render_plot,
     render_tables,
@@ -378,16 +379,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "bench/engine_rows)")
     c.set_defaults(func=cmd_round_cost)
 
-    m = sub.add_parser("report", help="merge JSONs into a markdown table and a PNG plot")
-    m.add_argument("--inputs", nargs="+", required=True)
-    m.add_argument("--out-md", required=True)
-    m.add_argument("--out-png", default=None)
-    m.set_defaults(func=cmd_report)
-    add_compare_command(sub)
-    args = p.parse_args(argv)
-    if getattr(args, "tp", 1) < 1:
-        p.error("--tp needs at least 1 GPU")
-    return args
+    add_report_commands(sub, cmd_report, plot=True)
+    return parse_tp_args(p, argv)
 
 
 def main(argv=None) -> None:

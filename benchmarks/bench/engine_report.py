@@ -228,6 +228,27 @@ def render_tp_identity(docs: list[dict]) -> str:
     return "\n" + "\n".join(out) if out else ""
 
 
+def add_report_commands(sub, cmd_report, plot: bool = False) -> None:
+    """`report --inputs ... --out-md [--out-png]` (running `cmd_report`) and `compare` on an
+    argparse subparsers object."""
+    m = sub.add_parser("report", help="merge JSONs into a markdown table"
+                       + (" and a PNG plot" if plot else ""))
+    m.add_argument("--inputs", nargs="+", required=True)
+    m.add_argument("--out-md", required=True)
+    if plot:
+        m.add_argument("--out-png", default=None)
+    m.set_defaults(func=cmd_report)
+    add_compare_command(sub)
+
+
+def parse_tp_args(p, argv):
+    """`p.parse_args(argv)`, refusing `--tp` below 1."""
+    args = p.parse_args(argv)
+    if getattr(args, "tp", 1) < 1:
+        p.error("--tp needs at least 1 GPU")
+    return args
+
+
 def add_compare_command(sub) -> None:
     """The `compare A.json B.json` subcommand (on an argparse subparsers object)."""
     c = sub.add_parser("compare", help="T = 0 token identity of two runs of one configuration "

@@ -52,16 +52,21 @@ def accept_times(dec, q: int) -> dict:
             "accept_compiled_ms": time_step(lambda: compiled(*args), dec.device)}
 
 
-@torch.inference_mode()
-def project_8b(taus: dict[str, float], ctx: int = 1024, draft_layers: int = 5,
-               device: str = "cuda", iters: int = 50, shape: Shape = QWEN3_8B,
-               attention: str = "sdpa") -> dict:
+def random_pair(shape: Shape, draft_layers: int, device: str):
+    """A bf16 target of `shape` and a DFlash drafter of `draft_layers` for it, random weights."""
     dtype = torch.bfloat16
     tw = random_target(shape, dtype, device)
     dshape = Shape(shape.hidden, draft_layers, shape.heads, shape.kv_heads, shape.head_dim,
                    shape.intermediate, shape.vocab, theta=shape.theta)
     ids = tuple(build_target_layer_ids(shape.layers, draft_layers))
-    dw = random_drafter(dshape, shape.hidden, ids, dtype, device)
+    return tw, random_drafter(dshape, shape.hidden, ids, dtype, device)
+
+
+@torch.inference_mode()
+def project_8b(taus: dict[str, float], ctx: int = 1024, draft_layers: int = 5,
+               device: str = "cuda", iters: int = 50, shape: Shape = QWEN3_8B,
+               attention: str = "sdpa") -> dict:
+    tw, dw = random_pair(shape, draft_layers, device)
     res = {"shape": shape.__dict__, "draft_layers": draft_layers, "context": ctx,
            "attention": attention}
     times = {}
@@ -94,12 +99,7 @@ def tree_8b(taus: dict[str, float], budgets: list[int], batches: list[int], topk
     """Per batch: {"linear": {verify_ms, draft_ms}, "N<budget>": {...}} of the deepest round
     (B = 16: g = 15) at `ctx` committed tokens, and per budget with a tau in `taus` ("linear",
     "N16", ...) the implied speedup over the linear block: (tau_N / round_N) / (tau / round)."""
-    dtype = torch.bfloat16
-    tw = random_target(shape, dtype, device)
-    dshape = Shape(shape.hidden, draft_layers, shape.heads, shape.kv_heads, shape.head_dim,
-                   shape.intermediate, shape.vocab, theta=shape.theta)
-    ids = tuple(build_target_layer_ids(shape.layers, draft_layers))
-    dw = random_drafter(dshape, shape.hidden, ids, dtype, device)
+    tw, dw = random_pair(shape, draft_layers, device)
     res = {"shape": shape.__dict__, "draft_layers": draft_layers, "context": ctx, "topk": topk,
            "attention": attention}
     for batch in batches:
