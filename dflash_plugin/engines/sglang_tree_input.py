@@ -59,10 +59,13 @@ def full_mask(
     anc: torch.Tensor,  # [bs, W, W] bool ancestor-or-self
     seq_lens: torch.Tensor,  # [bs] committed prefix lengths (device)
     seq_lens_sum: int,  # host int: sum(seq_lens) (SGLang keeps it on the batch)
-    out: torch.Tensor | None = None,  # [>= total] bool buffer (a backend's graph mask buffer)
-) -> torch.Tensor:  # [W * seq_lens_sum + bs * W * W] bool
+    out: torch.Tensor | None = None,  # [>= total] bool / uint8 buffer (a backend's graph mask)
+) -> torch.Tensor:  # [W * seq_lens_sum + bs * W * W] bool (or `out`'s dtype)
     """SGLang's FULL_MASK: per request W rows of seq_len + W columns, requests concatenated;
-    the prefix columns are True, the last W columns the tree's ancestor-or-self rows."""
+    the prefix columns are True, the last W columns the tree's ancestor-or-self rows. `out` may be
+    uint8: SGLang 0.5.16's Triton backend hands out its graph mask buffer as `torch.uint8`
+    (`get_verify_buffers_to_fill_after_draft`, `init_cuda_graph_state`); `scatter_` needs the
+    source in the buffer's dtype."""
     bs, w, _ = anc.shape
     total = w * seq_lens_sum + bs * w * w
     if out is None:
@@ -76,7 +79,7 @@ def full_mask(
     i = torch.arange(w, device=anc.device)
     at = (start[:, None, None] + i[None, :, None] * row[:, None, None] + lens[:, None, None]
           + i[None, None, :])  # [bs, W, W] flat position of anc[b, i, j]
-    out.scatter_(0, at.reshape(-1), anc.reshape(-1))
+    out.scatter_(0, at.reshape(-1), anc.reshape(-1).to(out.dtype))
     return out
 
 

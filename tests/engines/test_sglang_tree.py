@@ -119,6 +119,12 @@ def test_tree_tensors_equal_brute_force(bs, g, k, n, vocab):
     t2 = build_verify_tensors(tokens, parents, depths, root, seq_lens, int(seq_lens.sum()), g,
                               mask_out=buf)
     assert t2.custom_mask.data_ptr() == buf.data_ptr() and buf[:len(mask)].tolist() == mask
+    # SGLang 0.5.16's Triton backend hands out a uint8 graph mask buffer
+    buf8 = torch.full((len(mask) + 5,), 7, dtype=torch.uint8)
+    t3 = build_verify_tensors(tokens, parents, depths, root, seq_lens, int(seq_lens.sum()), g,
+                              mask_out=buf8)
+    assert t3.custom_mask.data_ptr() == buf8.data_ptr()
+    assert buf8[:len(mask)].tolist() == [int(m) for m in mask]
 
 
 @pytest.mark.parametrize("bs,g,k,n,vocab", CASES)
