@@ -112,6 +112,11 @@ def validate_server_args(server_args) -> None:
          getattr(sa, "speculative_accept_threshold_single", 1.0) == 1.0, "1.0 (lossless)"),
         ("speculative_accept_threshold_acc",
          getattr(sa, "speculative_accept_threshold_acc", 1.0) == 1.0, "1.0 (lossless)"),
+        # 0.5.16's eagle_sample then reads verify_input.draft_probs, which a DFlash tree has
+        # not (it raises "Rejection sampling requires a target-vocab draft proposal ...")
+        ("speculative_use_rejection_sampling",
+         not getattr(sa, "speculative_use_rejection_sampling", False),
+         "it off (target-only tree sampling)"),
         ("page_size", (sa.page_size or 1) == 1, "1 (tree KV compaction moves single slots)"),
         ("attention_backend", sa.attention_backend not in UNSUPPORTED_TARGET_BACKENDS,
          "flashinfer or triton (tree masks)"),

@@ -70,6 +70,91 @@ def register_hooks() -> None:
         HookRegistry.register(GET_SPEC_INFO, capture_spec_info, HookType.AROUND)
 
 
+def draft_server_args(server_args, block_size: int):
+    """The drafter's server args: a block of `block_size` (L) tokens and top-1, so DFLASH's
+    worker, its draft runner, backends and graphs size for L (`DFlashWorkerV2` reads its block
+    from `speculative_num_draft_tokens`; `build_draft_tp_worker` deep-copies these again). A deep
+    copy changed through `override(source, **fields)`: 0.5.16's resolved ServerArgs reject a bare
+    assignment under SGLANG_STRICT_CONFIG_MUTATION (`server_args.py` `__setattr__`), and a
+    shallow copy would share the override logs with the global args."""
+    args = copy.deepcopy(server_args)
+    args.override(f"{NAME.lower()}.draft_block", speculative_num_draft_tokens=int(block_size),
+                  speculative_eagle_topk=1)
+    return args
+
+
+def tree_topk(hidden: torch.Tensor, lm_head, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-`k` log-probs and token ids `[bs, D, k]` of the target LM head over the drafter's
+    hidden states `[bs, D, hidden]` (tp_size 1: validated at launch). Only the head's real
+    vocab rows count: SGLang's `ParallelLMHead.weight` is padded to a multiple of 64 rows
+    (`padding_size`, `vocab_parallel_embedding.py`), and a padded row must never be drafted;
+    `shard_indices.num_org_elements` / `org_vocab_start_index` give the real rows, as in DFLASH's
+    own greedy head (`dflash_worker_v2.py` `_DflashDraftSampler`, 0.5.16). Added (LoRA) vocab is
+    not drafted."""
+    weight = lm_head.weight
+    shard = getattr(lm_head, "shard_indices", None)
+    num_org = int(weight.shape[0]) if shard is None else int(shard.num_org_elements)
+    start = 0 if shard is None else int(shard.org_vocab_start_index)
+    logits = torch.nn.functional.linear(hidden.to(weight.dtype), weight[:num_org])
+    top_lp, top_ids = logits.float().log_softmax(-1).topk(k, dim=-1)
+    return top_lp, (top_ids + start) if start else top_ids
+
+
+def draft_block_forward_batch(*, block_ids, positions, cache_loc, req_pool_indices, seq_lens,
+                              seq_lens_cpu, seq_lens_sum, input_embeds, spec_info):
+    """The drafter's forward over one block ([bs, L] ids), built as DFLASH's decode does it
+    (0.5.16 `dflash_worker_v2.py` `forward_batch_generation`, the `ForwardBatch(...)` of step 1):
+    TARGET_VERIFY mode, DFLASH's spec algorithm and draft-block spec input, noise embeddings."""
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardBatch,
+        ForwardMode,
+    )
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return ForwardBatch(
+        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=int(block_ids.shape[0]),
+        input_ids=block_ids.flatten(), req_pool_indices=req_pool_indices, seq_lens=seq_lens,
+        out_cache_loc=cache_loc, seq_lens_sum=seq_lens_sum, seq_lens_cpu=seq_lens_cpu,
+        positions=positions.reshape(-1), input_embeds=input_embeds.view(-1, input_embeds.shape[-1]),
+        spec_algorithm=SpeculativeAlgorithm.DFLASH, spec_info=spec_info,
+        capture_hidden_mode=CaptureHiddenMode.NULL)
+
+
+def accepted_path_kv_args(hidden: torch.Tensor, verify_cache_loc: torch.Tensor,
+                          prefix: torch.Tensor, commit: torch.Tensor, width: int,
+                          depth1: int) -> dict:
+    """Keyword arguments of DFLASH's `_append_target_hidden_to_draft_kv_by_loc` for the accepted
+    path after SGLang's tree compaction: the first `depth1` (= D + 1) rows of each request's
+    verify block (hidden states `[bs * W, h]`, slots `verify_cache_loc` `[bs * W]` = the verify's
+    `out_cache_loc`, i.e. `req_to_token[prefix : prefix + W]`), positions prefix + 0..D, and the
+    commit lengths (accepted drafts + bonus) that bound the prefix-valid write."""
+    bs = int(prefix.shape[0])
+    hid = hidden.view(bs, width, -1)[:, :depth1]
+    loc = verify_cache_loc.view(bs, width)[:, :depth1].to(torch.int64)
+    pos = prefix.to(torch.int64)[:, None] + torch.arange(depth1, device=prefix.device)
+    return dict(target_hidden=hid.reshape(-1, hid.shape[-1]), cache_loc=loc.reshape(-1),
+                cache_loc_2d=loc.contiguous(), positions=pos.reshape(-1),
+                commit_lens=commit.to(torch.int32))
+
+
+def republish_read_done(model_runner, device) -> None:
+    """Move the target runner's WAR read-done event to *now* (after SGLang's tree compaction).
+
+    0.5.16's scheduler (`_apply_war_barrier`, `managers/scheduler.py`) lets its next shared-buffer
+    writes wait only on `model_worker.war_fastpath_runner.war_fastpath_read_done_event`; for a
+    DFLASH-family TARGET_VERIFY graph the target runner records it *before* replay
+    (`decode_cuda_graph_runner.py` `execute`: DFLASH reads no shared buffer after its verify). Our
+    verify then runs EAGLE's `move_accept_tokens_to_target_kvcache`, which reads `req_to_token`
+    after the replay, so the event is re-recorded here. Without an event (eager verify) the
+    scheduler waits on the whole forward stream: nothing to do. (Inferred from code; GPU-check.)"""
+    if getattr(model_runner, "war_fastpath_read_done_event", None) is None:
+        return
+    event = torch.get_device_module(device).Event()
+    event.record()
+    model_runner.war_fastpath_read_done_event = event
+
+
 def _check_version() -> None:
     have = sglang_version()
     lo, hi = WORKER_VERSIONS
@@ -89,38 +174,22 @@ def worker_class() -> type:
     use; raises a clear error on other SGLang versions."""
     _check_version()
     from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
-    from sglang.srt.model_executor.forward_batch_info import (
-        CaptureHiddenMode,
-        ForwardBatch,
-        ForwardMode,
-    )
     from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
     from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     class DFlashTreeWorker(DFlashWorkerV2):
         def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
             block = int(server_args.speculative_dflash_block_size)
             self.plan = check_tree_args(TreeArgs(int(server_args.speculative_num_draft_tokens),
                                                  int(server_args.speculative_eagle_topk), block))
-            # The drafter (its runner, backends and graphs) sees a block of L tokens and top-1;
-            # DFlashWorkerV2 reads its block size from speculative_num_draft_tokens, and
-            # build_draft_tp_worker deep-copies these args again for the draft runner.
-            draft_args = copy.copy(server_args)
-            draft_args.speculative_num_draft_tokens = self.plan.block_size
-            draft_args.speculative_eagle_topk = 1
-            super().__init__(draft_args, gpu_id, ps, nccl_port, target_worker)
+            # the drafter sees a block of L tokens and top-1 (see draft_server_args)
+            super().__init__(draft_server_args(server_args, self.plan.block_size), gpu_id, ps,
+                             nccl_port, target_worker)
             self.server_args = server_args  # the global args (W, K) everywhere else
 
         def _maybe_build_draft_sampler(self):
             return None  # the tree needs top-K log-probs, not the in-graph argmax
-
-        def _tree_logprobs(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
-            """log-softmax of the target LM head over the drafter's hidden states
-            `[bs, D, hidden]` -> `[bs, D, vocab]` (tp_size 1: validated at launch)."""
-            logits = torch.nn.functional.linear(hidden, lm_head.weight)
-            return logits.float().log_softmax(-1)
 
         def _draft_block(self, batch, draft_input):
             """DFLASH's drafter forward over [bonus, mask * (L - 1)] at prefix + arange(L);
@@ -144,17 +213,17 @@ def worker_class() -> type:
                 seq_lens_cpu.copy_(batch.seq_lens_cpu)
                 seq_lens_cpu.add_(L)
                 seq_sum = int(seq_lens_cpu.sum())
-            else:
+            elif draft_input.reserved_seq_lens_cpu is not None:  # reserved: an over-estimate
                 seq_lens_cpu.copy_(draft_input.reserved_seq_lens_cpu)
                 seq_sum = int(draft_input.reserved_seq_lens_sum)
-            fb = ForwardBatch(
-                forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs,
-                input_ids=block_ids.flatten(), req_pool_indices=batch.req_pool_indices,
-                seq_lens=batch.seq_lens, out_cache_loc=cache_loc, seq_lens_sum=seq_sum,
-                seq_lens_cpu=seq_lens_cpu, positions=positions.reshape(-1),
-                input_embeds=embeds.view(-1, embeds.shape[-1]),
-                spec_algorithm=SpeculativeAlgorithm.DFLASH,
-                spec_info=self._draft_block_spec_info, capture_hidden_mode=CaptureHiddenMode.NULL)
+            else:  # DFLASH's last resort (a blocking D2H copy; dflash_worker_v2.py, 0.5.16)
+                seq_lens_cpu.copy_(batch.seq_lens.to("cpu", dtype=torch.int32))
+                seq_sum = int(seq_lens_cpu.sum())
+            fb = draft_block_forward_batch(
+                block_ids=block_ids, positions=positions, cache_loc=cache_loc,
+                req_pool_indices=batch.req_pool_indices, seq_lens=batch.seq_lens,
+                seq_lens_cpu=seq_lens_cpu, seq_lens_sum=seq_sum, input_embeds=embeds,
+                spec_info=self._draft_block_spec_info)
             with torch.inference_mode():
                 out = self.draft_model_runner.forward(fb)
             hidden = out.logits_output.hidden_states
@@ -182,11 +251,11 @@ def worker_class() -> type:
             draft_input = batch.spec_info
             if not isinstance(draft_input, DFlashDraftInputV2):
                 raise RuntimeError(f"{NAME} expected DFlashDraftInputV2 on the running batch")
-            p, bs = self.plan, len(batch.seq_lens)
+            p = self.plan
             lm_head = self.target_worker.model_runner.model.lm_head
             # 1) draft, top-K per depth, tree (device only)
             hidden = self._draft_block(batch, draft_input)[:, 1:1 + p.depth]  # [bs, D, h]
-            top_lp, top_ids = self._tree_logprobs(hidden, lm_head).topk(p.topk, dim=-1)
+            top_lp, top_ids = tree_topk(hidden, lm_head, p.topk)
             tokens, parents, depths = build_tree(top_lp, top_ids, p.budget)  # [bs, N] each
             # 2) SGLang's tree-verify input, into the target backend's graph buffers if any
             mask_buf, pos_buf = self.target_worker.model_runner.attn_backend \
@@ -211,25 +280,19 @@ def worker_class() -> type:
                 plan_stream=None, plan_stream_ctx=contextlib.nullcontext(), topk=verify.topk,
                 num_steps=p.depth, num_draft_tokens=p.width, device=self.device,
                 metadata_ready_pre_pad=False, finalize_tree_path=True)
+            republish_read_done(self.target_worker.model_runner, self.device)
             commit = result.accept_lens.to(torch.int32)  # accepted drafts + bonus, [bs]
             new_seq_lens = prefix + commit.to(prefix.dtype)
             if on_publish is not None:
                 on_publish(new_seq_lens)
-            # 4) drafter KV of the accepted path (now at the front of each request's block)
-            d1 = p.depth + 1
+            # 4) drafter KV of the accepted path (now at the front of each request's block);
+            # the slots are the verify's own out_cache_loc (eagle_prepare_for_verify set it to
+            # req_to_token[prefix : prefix + W]): no second req_to_token read after the verify
             hid = result.logits_output.hidden_states
             if hid is None:
                 raise RuntimeError(f"{NAME}: verify returned no target hidden states")
-            hid = hid.view(bs, p.width, -1)[:, :d1]
-            loc = assign_extend_cache_locs_func(
-                req_pool_indices=batch.req_pool_indices,
-                req_to_token=self.model_runner.req_to_token_pool.req_to_token,
-                start_offset=prefix, end_offset=prefix + d1, batch_size=bs, draft_token_num=d1,
-                device=self.device)
-            self._append_target_hidden_to_draft_kv_by_loc(
-                target_hidden=hid.reshape(-1, hid.shape[-1]), cache_loc=loc,
-                cache_loc_2d=loc.view(bs, d1), positions=(prefix[:, None] + torch.arange(
-                    d1, device=prefix.device)).reshape(-1), commit_lens=commit)
+            self._append_target_hidden_to_draft_kv_by_loc(**accepted_path_kv_args(
+                hid, batch.out_cache_loc, prefix, commit, p.width, p.depth + 1))
             result.logits_output.hidden_states = None
             bonus = result.next_draft_input.bonus_tokens.to(torch.int64)
             result.next_draft_input = self._make_next_draft_input_decode(
