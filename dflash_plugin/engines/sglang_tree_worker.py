@@ -232,8 +232,9 @@ def worker_class() -> type:
             return hidden.view(bs, L, -1)
 
         def _verify_seq_bound(self, batch, draft_input) -> int:
-            """Host upper bound of sum(seq_lens) for the FULL mask's size (over-size is safe;
-            CPU lengths may lag one round under overlap: + W each)."""
+            """Host upper bound of sum(seq_lens) for the FULL mask's size. Over-size is safe;
+            0.5.16 hands the verify exact CPU lengths in both schedules (overlap:
+            `FutureMap.resolve_seq_lens_cpu`), so the + W each is only headroom."""
             w = self.plan.width
             if batch.seq_lens_cpu is not None:
                 return int(batch.seq_lens_cpu.sum()) + w * len(batch.seq_lens)
