@@ -9,8 +9,8 @@ stretches), feeds it the rounds read back at each host read (one read: the state
 out_len plus those rounds' history rows), and says how each round runs: every q > 1 round drafts
 the policy's longest block and verifies its first q - 1 drafts; a q = 1 round is a plain step (no
 draft) that writes the drafter's context only with `plain_context`. Switching q costs
-no capture (`FastDecoder.warmup` has captured every q). Builds on `loop` (the decoder, timing
-events), which imports this module only when a generation is adaptive.
+no capture (`FastDecoder.warmup` has captured every q). `dec` is a `loop.FastDecoder`; this
+module imports nothing of `loop` (no cycle), which imports it when a generation is adaptive.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import torch
 
 from ..adaptive import AdaptiveConfig, BlockPolicy
 from ..errors import require
-from .loop import FastDecoder, _event, _sync
+from .graphs import _event, _sync
 
 CANDIDATES = (1, 2, 4, 8, 16)  # block lengths `measure_round_ms` times by default
 
 
 @torch.inference_mode()
-def measure_round_ms(dec: FastDecoder, candidates=None, *, reps: int = 5, rounds: int = 4,
+def measure_round_ms(dec, candidates=None, *, reps: int = 5, rounds: int = 4,
                      context: int | None = None, plain_context: bool = True,
                      drafted: int | None = None) -> dict[int, float]:
     """Milliseconds of one round at each block length q in `candidates` (default `CANDIDATES`
@@ -91,7 +91,7 @@ class AdaptiveRounds:
     """The adaptive path of one `fast_generate` call over `dec` with `block_size` (the policy's
     longest block: the drafter's block in every adaptive round)."""
 
-    def __init__(self, dec: FastDecoder, adaptive: AdaptiveConfig | bool, proposer: str,
+    def __init__(self, dec, adaptive: AdaptiveConfig | bool, proposer: str,
                  block_size: int):
         self.dec = dec
         self.policy = _policy(dec, adaptive, proposer, block_size)

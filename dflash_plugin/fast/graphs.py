@@ -3,6 +3,7 @@
 A *step* reads and writes only persistent (static) tensors, so its graph can be replayed every
 round. Graphs are captured lazily, keyed by name and shape, and share one memory pool (steps run
 one after another on one stream). Off CUDA, or with graphs disabled, a step just runs eagerly.
+`_event` / `_sync`: timing events and host syncs that also work off CUDA.
 """
 
 from __future__ import annotations
@@ -67,3 +68,22 @@ def time_step(fn: Callable[[], None], device: torch.device, iters: int = 50,
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / iters
+
+
+class _HostEvent:
+    """Stand-in for `torch.cuda.Event` off CUDA (where every op is synchronous)."""
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: _HostEvent) -> float:  # milliseconds, like CUDA events
+        return (end.t - self.t) * 1e3
+
+
+def _event(device):
+    return torch.cuda.Event(enable_timing=True) if device.type == "cuda" else _HostEvent()
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

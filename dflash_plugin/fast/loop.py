@@ -37,7 +37,7 @@ from ..sampling import SamplingParams, pick_tokens
 from .attention import check_backend, resolve_backend
 from .cache import StaticKVCache, rope_table
 from .drafter import DraftWeights, context_write, draft_block
-from .graphs import StepGraphs
+from .graphs import StepGraphs, _event, _sync
 from .qwen3 import TargetWeights, compile_pointwise, target_forward
 
 MAX_STOPS = 8
@@ -285,16 +285,6 @@ class FastDecoder:
             events[3].record()
 
 
-class _HostEvent:
-    """Stand-in for `torch.cuda.Event` off CUDA (where every op is synchronous)."""
-
-    def record(self) -> None:
-        self.t = time.perf_counter()
-
-    def elapsed_time(self, end: _HostEvent) -> float:  # milliseconds, like CUDA events
-        return (end.t - self.t) * 1e3
-
-
 def invariant_ops(device: torch.device) -> Ops:
     """The ops of an invariant decoder's target layers and LM head: the batch-invariant matmul
     and RMSNorm (`specdec_kernels.matmul` / `norm`: Triton, so CUDA or the interpreter on CPU);
@@ -311,15 +301,6 @@ def invariant_ops(device: torch.device) -> Ops:
     return Ops(linear=invariant_linear, rms_norm=invariant_rms_norm,
                norm_rope=partial(norm_rope, norm=invariant_rms_norm),
                add_norm=partial(add_norm, norm=invariant_rms_norm), swiglu=EAGER.swiglu)
-
-
-def _event(device):
-    return torch.cuda.Event(enable_timing=True) if device.type == "cuda" else _HostEvent()
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.inference_mode()
