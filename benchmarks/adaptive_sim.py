@@ -26,8 +26,7 @@ import torch
 from bench.common import DEV_PROMPTS, fixture, read_prompts, write_json
 
 from dflash_plugin.adaptive import AdaptiveConfig, BlockPolicy
-
-AHEAD_CAP = 32  # as fast.loop
+from dflash_plugin.fast.loop import AHEAD_CAP, rounds_ahead
 
 
 @torch.inference_mode()
@@ -112,7 +111,7 @@ def simulate(rows: list[list[int]], round_ms: dict[int, float], batch: int, bloc
             else:
                 bsz = fixed
             g = min(bsz - 1, rem)
-            ahead = rem if bsz == 1 else ((rem - g) // bsz + 1 if g == bsz - 1 else 1)
+            ahead = rounds_ahead(rem, bsz)
             for _ in range(max(1, min(ahead, cap))):
                 live = [i for i in range(len(chunk)) if not done[i]]
                 accs = []

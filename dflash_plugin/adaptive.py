@@ -145,9 +145,6 @@ class BlockPolicy:
         self.short_rounds = 0  # rounds since the last one at probe_q (plain ones included)
         longer = [q for q in self.round_ms if q > 1]
         self.probe_q = max(longer) if len(self.round_ms) > 1 and longer else None
-        self.probe_every = cfg.probe_every  # plain rounds between probes: probe_overhead at most
-        if self.probe_q and 1 in self.round_ms:
-            self.probe_every = self.spacing(1)
 
     def spacing(self, q: int) -> int:
         """Rounds at q between probes at probe_q: probe_every, or more where a probe costs over

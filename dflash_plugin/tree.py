@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import require
+from .sampling import SamplingParams, sampling_probs
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,19 @@ def sample_ranks(
     u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(1e-20, 1.0)
     keys = q.float().log() - (-u.log()).log()  # log q + Gumbel(0, 1)
     return keys.topk(topk, dim=-1).indices
+
+
+def sampled_drafts(
+    logits: torch.Tensor,  # [..., g, vocab] the drafter's logits per depth
+    params: SamplingParams,  # T > 0: the transform the target's logits get too
+    topk: int,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # q, shape log-probs, ranked tokens
+    """A sampled tree's inputs: q (the drafter's transformed probabilities, the walk's
+    proposal), the log-probabilities the shape is built from (q's, zeros floored: ranks past q's
+    support stay finite and come last) and the token of every (depth, rank): `sample_ranks`."""
+    q = sampling_probs(logits, params)
+    return q, q.clamp_min(1e-30).log(), sample_ranks(q, topk, generator)
 
 
 def rejection_walk(

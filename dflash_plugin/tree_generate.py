@@ -21,7 +21,7 @@ from .errors import require
 from .generate import _commit_tokens, _sync, start_loop, validate_request
 from .metrics import GenerationResult
 from .sampling import SamplingParams, sampling_probs
-from .tree import build_tree, capacity, rejection_walk, sample_ranks, tree_mask, walk_tree
+from .tree import build_tree, capacity, rejection_walk, sampled_drafts, tree_mask, walk_tree
 
 
 @torch.inference_mode()
@@ -63,10 +63,9 @@ def tree_generate(
         tb = time.perf_counter()
         if params.greedy:
             trees = [build_tree(lp, n, tree_topk) for lp in logits.log_softmax(-1).cpu()]
-        else:  # shape from q (zeros floored: dead ranks come last), tokens drawn from q
-            q = sampling_probs(logits, params)
-            ranked = sample_ranks(q, tree_topk, gen).cpu()
-            shape_lp = q.clamp_min(1e-30).log().cpu()
+        else:  # shape from q, tokens drawn from q
+            q, shape_lp, ranked = sampled_drafts(logits, params, tree_topk, gen)
+            shape_lp, ranked = shape_lp.cpu(), ranked.cpu()
             trees = [build_tree(shape_lp[i], n, tree_topk, ranked[i]) for i in range(len(q))]
         agg.tree["build_seconds"] += time.perf_counter() - tb
         _sync(device)

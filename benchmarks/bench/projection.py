@@ -91,7 +91,6 @@ def project_8b(taus: dict[str, float], ctx: int = 1024, draft_layers: int = 5,
     return res
 
 
-
 @torch.inference_mode()
 def tree_8b(taus: dict[str, float], budgets: list[int], batches: list[int], topk: int = 4,
             ctx: int = 1024, draft_layers: int = 5, device: str = "cuda", iters: int = 50,

@@ -45,6 +45,15 @@ AHEAD_CAP = 32  # rounds issued without reading the state back
 GREEDY = SamplingParams()
 
 
+def rounds_ahead(rem: int, block: int) -> int:
+    """Rounds of `block` tokens that can be issued before the next host read when the longest
+    live row needs `rem` more: a round commits at most `block`, so full blocks while at least one
+    more stays needed (plain steps: all `rem`); a shorter last block is issued alone."""
+    if block == 1:
+        return rem
+    return (rem - (block - 1)) // block + 1 if rem >= block - 1 else 1
+
+
 def accept_round(
     tgt: torch.Tensor,  # [batch, q] the target's greedy ids at the block's positions
     drf: torch.Tensor,  # [batch, q - 1] the drafted ids
@@ -347,7 +356,7 @@ def fast_generate(dec: FastDecoder, prompts: list[list[int]], *, block_size: int
             bsz, most = ada.policy.choose()
             cap = min(cap, most)
         g = min(bsz - 1, rem)
-        ahead = rem if bsz == 1 else ((rem - g) // bsz + 1 if g == bsz - 1 else 1)
+        ahead = rounds_ahead(rem, bsz)
         host = None
         if proposer == "ngram":
             ahead = 1

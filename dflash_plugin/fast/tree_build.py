@@ -20,6 +20,7 @@ import torch
 
 from ..errors import require
 from ..sampling import SamplingParams, sampling_probs
+from ..tree import sample_ranks
 
 
 def beam_widths(depth: int, topk: int, budget: int) -> list[int]:
@@ -126,14 +127,6 @@ def child_table(
     return kid.view(b, m, topk + 1)[:, :, :topk]
 
 
-def _race(
-    probs: torch.Tensor,  # [batch, vocab] rows sum to 1
-    generator: torch.Generator | None,
-) -> torch.Tensor:  # [batch] long, a sample of each row (argmax of p / Exp(1); no host sync)
-    u = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_(1e-20, 1.0)
-    return (probs / -u.log()).argmax(-1)
-
-
 def rejection_path(
     tokens: torch.Tensor,  # [batch, m] anchor, then the nodes' draft tokens (m = n + 1)
     parents: torch.Tensor,  # [batch, m] long (root: 0)
@@ -183,4 +176,4 @@ def rejection_path(
         alive = alive & moved
         here = logits.gather(1, cur[:, None, None].expand(b, 1, logits.shape[-1]))[:, 0]
         r = torch.where(moved[:, None], sampling_probs(here, params), r)
-    return path, accepted, _race(r, generator)
+    return path, accepted, sample_ranks(r, 1, generator)[:, 0]  # a sample of r (Gumbel-max)

@@ -23,12 +23,12 @@ import torch
 
 from ..errors import require
 from ..metrics import AggregateMetrics, GenerationResult, RequestMetrics
-from ..sampling import SamplingParams, sampling_probs
-from ..tree import capacity, sample_ranks
+from ..sampling import SamplingParams
+from ..tree import capacity, sampled_drafts
 from .attention import plan
 from .drafter import context_write, draft_logits
 from .graphs import StepGraphs
-from .loop import AHEAD_CAP, FastDecoder, _accept_impl, _event, _sync, finish
+from .loop import AHEAD_CAP, FastDecoder, _accept_impl, _event, _sync, finish, rounds_ahead
 from .qwen3 import target_forward
 from .tree_build import ancestor_mask, build_tree, greedy_path, rejection_path
 
@@ -84,11 +84,10 @@ class TreeDecoder:
                                   dec.target.lm_head, dec.anchor, g + 1, dec.attention).float()
         if self.params.greedy:
             lp, ids = logits.log_softmax(-1).topk(self.topk, dim=-1)  # [batch, g, k]
-        else:  # shape from q's sorted values (zeros floored), tokens drawn from q
-            q = sampling_probs(logits, self.params)
+        else:  # shape from q's sorted values, tokens drawn from q
+            q, shape_lp, ids = sampled_drafts(logits, self.params, self.topk, self.generator)
             self.q[:, :g].copy_(q)
-            lp = q.clamp_min(1e-30).log().topk(self.topk, dim=-1).values
-            ids = sample_ranks(q, self.topk, self.generator)
+            lp = shape_lp.topk(self.topk, dim=-1).values
         tok, par, dep = build_tree(lp, ids, n)
         self.tokens[:, 1:n + 1].copy_(tok)
         self.parents[:, 1:n + 1].copy_(par)
@@ -109,18 +108,19 @@ class TreeDecoder:
                                    lengths[:, None] + depths, None, dec.layer_ids,
                                    ops=dec.ops, slots=slots, attn=attn)
         logits = dec.linear(hn, dec.target.lm_head)  # [batch, n + 1, vocab]
+        j = torch.arange(d + 1, device=dec.device)
         if self.params.greedy:
             choice = logits.argmax(-1)  # [batch, n + 1]
             path, acc = greedy_path(ids, parents, depths, choice, d)  # [batch, d + 1], [batch]
             self.tgt_path[:, :d + 1].copy_(choice.gather(1, path))
+            on_path = ids.gather(1, path[:, 1:])  # [batch, d] the path's draft tokens
         else:  # the path's tokens, then the bonus at `acc` (and past it: `accept` stops there)
             path, acc, bonus = rejection_path(ids, parents, logits, self.q[:, :d], self.params,
                                               d, self.topk, self.generator)
-            on_path = torch.cat([ids.gather(1, path[:, 1:]), bonus[:, None]], 1)  # [batch, d + 1]
-            j = torch.arange(d + 1, device=dec.device)
-            self.tgt_path[:, :d + 1].copy_(torch.where(j < acc[:, None], on_path, bonus[:, None]))
-        j = torch.arange(d, device=dec.device)
-        self.drf_path[:, :d].copy_(torch.where(j < acc[:, None], ids.gather(1, path[:, 1:]), -1))
+            on_path = ids.gather(1, path[:, 1:])
+            self.tgt_path[:, :d + 1].copy_(torch.where(
+                j < acc[:, None], torch.cat([on_path, bonus[:, None]], 1), bonus[:, None]))
+        self.drf_path[:, :d].copy_(torch.where(j[:d] < acc[:, None], on_path, -1))
         src, dst = slots.gather(1, path), slots[:, :d + 1]
         for kv in (dec.tcache.k, dec.tcache.v):  # [layers, batch, kv_heads, max_len, head_dim]
             L, b, h, _, hd = kv.shape
@@ -208,7 +208,7 @@ def tree_generate_fast(dec: FastDecoder | TreeDecoder, prompts: list[list[int]],
             break
         rem = max(max_new_tokens - out_len[i] for i in live)
         g = min(bsz - 1, rem)
-        ahead = (rem - g) // bsz + 1 if g == bsz - 1 else 1  # rounds commit <= g + 1 tokens
+        ahead = rounds_ahead(rem, bsz)
         for _ in range(min(ahead, AHEAD_CAP)):
             ev = [_event(fd.device) for _ in range(4)] if profile else None
             tdec.round(g, ev)

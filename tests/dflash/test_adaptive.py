@@ -117,7 +117,7 @@ def test_policy_pools_rows_and_probes_after_plain_rounds():
         policy.observe_round(0, [0, 0, 0, 0])  # plain rounds: no drafts, the estimate stays
     assert policy.choose() == (8, 1)  # one probe at the longest q: (2 - 1) / 5 <= 0.2
     # a probe costing 1 extra plain round every 5 is over 5 %: probes 20 plain rounds apart
-    assert BlockPolicy(AdaptiveConfig(probe_every=5), costs, 8, 15).probe_every == 20
+    assert BlockPolicy(AdaptiveConfig(probe_every=5), costs, 8, 15).spacing(1) == 20
     forced = BlockPolicy(AdaptiveConfig(forced=lambda i: [4, 1][i % 2]), {}, 8, 15)
     assert forced.choose() == (4, AdaptiveConfig().reads_every)
 
