@@ -21,20 +21,23 @@ def check_names(path: Path) -> list[str]:
             if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
 
 
-def run_checks(path: Path, tmp: Path, timeout: int = 900,
+def run_checks(path: Path | list[Path], tmp: Path, timeout: int = 900,
                **env: str) -> dict[str, tuple[str, str]]:
-    """{check id: ("passed" | "failed" | "skipped", message)}; skips without the env."""
+    """{check id: ("passed" | "failed" | "skipped", message)} of one checks file or several
+    (one subprocess); skips without the env."""
+    paths = [path] if isinstance(path, Path) else list(path)
     if not (LEGACY_ENV / "sglang").is_dir():
         pytest.skip(f"oldest-SGLang env missing ({LEGACY_ENV}): `make setup` installs it")
     full = dict(os.environ, OMP_NUM_THREADS="1",
                 PYTHONPATH=os.pathsep.join([str(ROOT), str(LEGACY_ENV)]), **env)
     junit = tmp / "junit.xml"
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(path), "-q", "-p",
+    proc = subprocess.run([sys.executable, "-m", "pytest", *map(str, paths), "-q", "-p",
                            "no:cacheprovider", "-p", "tests.engines.sglang_env.legacy",
                            f"--junitxml={junit}"], cwd=ROOT, env=full, capture_output=True,
                           text=True, timeout=timeout)
     if not junit.is_file():
-        pytest.fail(f"{path.name} did not run in the oldest SGLang:\n{proc.stdout[-4000:]}"
+        names = ", ".join(p.name for p in paths)
+        pytest.fail(f"{names} did not run in the oldest SGLang:\n{proc.stdout[-4000:]}"
                     f"{proc.stderr[-4000:]}")
     out = {}
     for case in ET.parse(junit).iter("testcase"):
