@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 from bench.common import DEV_PROMPTS, fixture, read_prompts, run_info, span, wall_ms, write_json
-from bench.specfold import forced_gate, model_8b
+from bench.specfold import forced_gate, model_8b, tree_blocks
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specfold_plugin.fold import folded_forward
@@ -213,13 +213,8 @@ def run_8b(layers, context, deltas, branches, ratios, dev, iters, log):
         root[6:] = spec.mask_token_id
         runner.forward(torch.randint(3, 150000, (context,), generator=gen), root[None])
         for b in branches:
-            parents = [-1] + [max(0, (i - 1) // 2) for i in range(1, b + 1)]
-            blocks = [root]
-            for i, p in enumerate(parents[1:], 1):
-                nxt = blocks[p].clone()
-                nxt[6 + (i - 1) % 10] = 1000 + i
-                blocks.append(nxt)
-            got = latency_rows(runner, torch.stack(blocks), parents, deltas, ratios, dev, iters,
+            blocks, parents = tree_blocks(root, b)
+            got = latency_rows(runner, blocks, parents, deltas, ratios, dev, iters,
                                f"qwen3-8b-{layers}L")
             for r in got:
                 log(r)

@@ -43,7 +43,7 @@ if "--dry-run" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 import torch  # noqa: E402
-from bench.specfold import forced_gate  # noqa: E402
+from bench.specfold import forced_gate, tree_blocks  # noqa: E402
 from bench.specfold_batch import batch_markdown, batch_section  # noqa: E402
 from bench.specfold_fast import (  # noqa: E402
     FALLBACK_RATIOS,
@@ -52,7 +52,6 @@ from bench.specfold_fast import (  # noqa: E402
     pages_for,
     shape_8b,
     time_batch,
-    tree_blocks,
 )
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 

@@ -33,3 +33,14 @@ def model_8b(layers: int, dev):
     cfg.dllm_block_size, cfg.mask_token_id = 16, 151669
     with torch.device(dev):
         return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+
+
+def tree_blocks(root, kept):
+    """A binary-ish draft tree: each draft unmasks one more position of its parent."""
+    parents = [-1] + [max(0, (i - 1) // 2) for i in range(1, kept + 1)]
+    blocks = [root]
+    for i, p in enumerate(parents[1:], 1):
+        nxt = blocks[p].clone()
+        nxt[6 + (i - 1) % 10] = 1000 + i
+        blocks.append(nxt)
+    return torch.stack(blocks), parents

@@ -16,7 +16,8 @@ from typing import NamedTuple
 import torch
 
 from .common import checkout_first, graph_ms, read_prompts
-from .specfold_fast import FALLBACK_RATIOS, Bench, core, shape_8b, tree_blocks
+from .specfold import tree_blocks
+from .specfold_fast import FALLBACK_RATIOS, Bench, core, shape_8b
 
 checkout_first()
 

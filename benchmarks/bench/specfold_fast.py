@@ -2,7 +2,7 @@
 keys): `Bench` (the run record: time budget, try/except per variant, JSON), `core` (the
 capturable verify forward: layers + LM head, no host sync), `time_batch` (dense_fast and
 folded_fast per delta on one batch, eager and as one CUDA graph at the capacity plan),
-`pages_for` (one request's pages copied for r requests), the draft tree (`tree_blocks`), the
+`pages_for` (one request's pages copied for r requests), the
 random-weight Qwen3-8B-shaped model (`shape_8b`: a tiny stand-in with --dry-run), the draft
 fold ratios of an earlier H200 run (`FALLBACK_RATIOS`) and the main table (`markdown`).
 Import it after `specfold_fast_bench.py` has set TRITON_INTERPRET (--dry-run).
@@ -156,17 +156,6 @@ def markdown(R) -> str:
 
 FALLBACK_RATIOS = {0.05: (0.529, 0.434), 0.1: (0.672, 0.606), 0.2: (0.80, 0.764),
                    0.3: (0.867, 0.849)}  # draft rows, H200 e2e run (results/specfold-gpu)
-
-
-def tree_blocks(root, kept):
-    """A binary-ish draft tree: each draft unmasks one more position of its parent."""
-    parents = [-1] + [max(0, (i - 1) // 2) for i in range(1, kept + 1)]
-    blocks = [root]
-    for i, p in enumerate(parents[1:], 1):
-        nxt = blocks[p].clone()
-        nxt[6 + (i - 1) % 10] = 1000 + i
-        blocks.append(nxt)
-    return torch.stack(blocks), parents
 
 
 def shape_8b(a, dev, dtype):
