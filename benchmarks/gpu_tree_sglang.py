@@ -36,6 +36,8 @@ def engine_kwargs(args, mode: str) -> dict:
               disable_radix_cache=True, log_level="info")
     if args.eager:
         kw["disable_cuda_graph"] = True
+    else:  # decode graphs up to the 16 running requests; no prefill graphs (as gpu_engines.py)
+        kw.update(cuda_graph_backend_prefill="disabled", cuda_graph_max_bs_decode=16)
     if mode == "dflash":
         kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=str(args.draft),
                   speculative_num_draft_tokens=16)

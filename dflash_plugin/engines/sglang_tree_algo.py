@@ -189,6 +189,18 @@ def spec_class() -> type:
         def handle_server_args(self, server_args) -> None:
             handle_server_args(server_args)
 
+        # SpeculativeAlgorithm methods 0.5.16's CustomSpecAlgo lacks (the scheduler calls them)
+        def carries_draft_hidden_states(self) -> bool:
+            return False  # no EAGLE hidden states in a disaggregated prefill -> decode handoff
+
+        def need_topk(self) -> bool:
+            return False  # the overlap FutureMap relays no EAGLE top-k (the tree is per round)
+
+        def create_future_map(self, device, req_to_token_pool, *args, **kwargs):
+            from sglang.srt.managers.overlap_utils import FutureMap
+
+            return FutureMap(device, self, req_to_token_pool, *args, **kwargs)
+
         def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int,
                                                      is_draft_worker: bool) -> int:
             if not is_draft_worker:
