@@ -27,11 +27,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "examples" / "fixtures"
-MODES = ["plain", "dflash", "tree16", "tree32", "tree64"]
+MODES = ["plain", "dflash", "tree16", "tree32", "tree64"]  # `all`'s default; any treeN runs
+
+
+def mode(text: str) -> str:
+    """plain, dflash or treeN (a node budget N >= 1, top-K from --topk)."""
+    if text in ("plain", "dflash") or (text.startswith("tree") and text[4:].isdigit()
+                                       and int(text[4:]) >= 1):
+        return text
+    raise argparse.ArgumentTypeError(f"mode: plain, dflash or treeN (N >= 1), got {text!r}")
 
 
 def engine_kwargs(args, mode: str) -> dict:
-    kw = dict(model_path=str(args.target), tokenizer_path=str(args.target), dtype="bfloat16",
+    kw = dict(model_path=str(args.target), tokenizer_path=str(args.target), dtype=args.dtype,
               context_length=4096, random_seed=0, max_running_requests=16,
               disable_radix_cache=True, log_level="info")
     if args.eager:
@@ -106,6 +114,7 @@ def cmd_run(args) -> None:
 
 def cmd_all(args) -> None:
     base = [sys.executable, __file__, "run", "--out", args.out, "--topk", str(args.topk),
+            "--dtype", args.dtype,
             "--prompts", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens),
             "--attention-backend", args.attention_backend,
             "--concurrency", *map(str, args.concurrency)] + (["--eager"] if args.eager else [])
@@ -118,16 +127,18 @@ def cmd_all(args) -> None:
 
 
 def first_diff(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
-                None if len(a) == len(b) else min(len(a), len(b)))
+    """The first position where two greedy outputs differ, over the shorter one (a run of fewer
+    new tokens compares its prefix; every row ignores EOS, so lengths differ only by settings)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
 def cmd_report(args) -> None:
     docs = {}
-    for m in MODES:
-        p = Path(args.out) / f"{m}.json"
-        if p.is_file():
-            docs[m] = json.loads(p.read_text())
+    for p in sorted(Path(args.out).glob("*.json")):
+        doc = json.loads(p.read_text())
+        if isinstance(doc, dict) and "mode" in doc:
+            docs[p.stem] = doc
+    docs = dict(sorted(docs.items(), key=lambda kv: kv[0] != "plain"))  # plain first
     plain = {r["concurrency"]: r for r in docs.get("plain", {}).get("rows", [])}
     print("| mode | conc | tok/s | x plain | tau | identical vs plain | first diff |")
     print("|---|---|---|---|---|---|---|")
@@ -140,7 +151,7 @@ def cmd_report(args) -> None:
             speed = "-"
             if ref:
                 pairs = list(zip(r["tokens"], ref["tokens"]))
-                same = f"{sum(a == b for a, b in pairs)}/{len(pairs)}"
+                same = f"{sum(first_diff(a, b) is None for a, b in pairs)}/{len(pairs)}"
                 diffs = str(min((d for d in (first_diff(a, b) for a, b in pairs)
                                  if d is not None), default="-"))
                 speed = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}"
@@ -165,10 +176,12 @@ def parse_args(argv=None):
         s.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
         s.add_argument("--attention-backend", default="flashinfer")
         s.add_argument("--eager", action="store_true", help="disable CUDA graphs")
+        s.add_argument("--dtype", default="bfloat16",
+                       help="float32: the greedy identity check without bf16's near-tie flips")
         if name == "run":
-            s.add_argument("--mode", choices=MODES, required=True)
+            s.add_argument("--mode", type=mode, required=True)
         else:
-            s.add_argument("--modes", nargs="+", choices=MODES, default=MODES)
+            s.add_argument("--modes", nargs="+", type=mode, default=MODES)
     return p.parse_args(argv)
 
 

@@ -10,6 +10,7 @@ reconstruction kernel needs a stub `sgl_kernel` module only to be importable. Th
 conformance with SGLang 0.5.16's source: `checks_tree_worker.py`.
 """
 
+import inspect
 import sys
 from importlib import metadata
 
@@ -78,6 +79,17 @@ def test_spec_class_conforms_and_answers_as_designed():
                "is_some": True, "is_speculative": True, "supports_target_verify_for_draft": True,
                "has_draft_kv": False}
     assert {k: getattr(spec, k)() for k in answers} == answers
+    # SGLang's conformance check covers is_* / supports_* only; the scheduler calls more of
+    # the enum's methods on the algorithm object (0.5.16's start-up died on the first missing
+    # one, `carries_draft_hidden_states`, on the H200): every instance method must answer
+    methods = [n for n, v in vars(SpeculativeAlgorithm).items() if not n.startswith("_")
+               and inspect.isfunction(v)]
+    assert "carries_draft_hidden_states" in methods or not OLD, methods
+    missing = [n for n in methods if not callable(getattr(spec, n, None))]
+    assert not missing, f"DFLASH_TREE's spec class lacks SpeculativeAlgorithm.{missing}"
+    if "carries_draft_hidden_states" in methods:
+        assert spec.carries_draft_hidden_states() is False
+        assert spec.need_topk() is False
     if hasattr(spec, "supports_prefill_shared_read_done"):
         assert spec.supports_prefill_shared_read_done() is False
     # no server running here: both runners get the width they are asked for
