@@ -26,7 +26,7 @@ NAME = "DFLASH_TREE"
 MAX_WIDTH = 512  # verify width W = N + 1
 MAX_TOPK = 64
 DEFAULT_TOPK = 8
-# The worker is written against SGLang 0.5.16's DFlash worker (not yet run on a GPU); 0.5.23's
+# The worker is written against SGLang 0.5.16's DFlash worker (ran on the H200); 0.5.23's
 # differs too much (see the design note, 2.1): refused at launch with this message.
 WORKER_VERSIONS = ((0, 5, 16), (0, 5, 16))
 UNSUPPORTED_TARGET_BACKENDS = ("trtllm_mha", "fa3", "fa4", "flashmla", "cutlass_mla")

@@ -1,8 +1,10 @@
 """DFLASH_TREE's SGLang worker: DFlash drafting, a token tree, EAGLE's tree verification.
 
-NOT YET RUN ON A GPU. Written against SGLang 0.5.16's `DFlashWorkerV2` and `run_eagle_verify` (read,
-not run: `sglang_tree_design.md` beside this file); on other versions `worker_class` raises
-(0.5.23's DFlash worker differs too much: config-bag widths, `kv_loc_plan`, no `ps`). Per decode
+Ran on the H200 (SGLang 0.5.16, 2026-12-01): serves with CUDA graphs, flashinfer and Triton
+attention (BENCHMARKS.md "DFLASH_TREE inside SGLang"). Written against SGLang 0.5.16's
+`DFlashWorkerV2` and `run_eagle_verify` (`sglang_tree_design.md` beside this file); on other
+versions `worker_class` raises (0.5.23's DFlash worker differs too much: config-bag widths,
+`kv_loc_plan`, no `ps`). Per decode
 round: the drafter runs one block of L tokens ([bonus, mask, ...]) exactly as SGLang's DFLASH does;
 the top-K log-probs of depths 1..D (drafter hidden -> target LM head) give the tree of N nodes
 (`fast/tree_build.build_tree`, on the device, no host sync); `sglang_tree_input` lays it out as a
@@ -26,6 +28,7 @@ from ..fast.tree_build import build_tree
 from .sglang_checks import sglang_version
 from .sglang_tree_algo import NAME, WORKER_VERSIONS, TreeArgs, check_tree_args
 from .sglang_tree_input import build_verify_tensors, make_verify_input
+from .sglang_tree_profile import RoundProfile, profile_every
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +190,8 @@ def worker_class() -> type:
             super().__init__(draft_server_args(server_args, self.plan.block_size), gpu_id, ps,
                              nccl_port, target_worker)
             self.server_args = server_args  # the global args (W, K) everywhere else
+            # DFLASH_TREE_PROFILE=N: per-phase round times in the log (sglang_tree_profile)
+            self.profile = RoundProfile(profile_every(), torch.device(self.device))
 
         def _maybe_build_draft_sampler(self):
             return None  # the tree needs top-K log-probs, not the in-graph argmax
@@ -252,10 +257,11 @@ def worker_class() -> type:
             draft_input = batch.spec_info
             if not isinstance(draft_input, DFlashDraftInputV2):
                 raise RuntimeError(f"{NAME} expected DFlashDraftInputV2 on the running batch")
-            p = self.plan
+            p, ev = self.plan, self.profile.start()
             lm_head = self.target_worker.model_runner.model.lm_head
             # 1) draft, top-K per depth, tree (device only)
             hidden = self._draft_block(batch, draft_input)[:, 1:1 + p.depth]  # [bs, D, h]
+            self.profile.mark(ev, 0)
             top_lp, top_ids = tree_topk(hidden, lm_head, p.topk)
             tokens, parents, depths = build_tree(top_lp, top_ids, p.budget)  # [bs, N] each
             # 2) SGLang's tree-verify input, into the target backend's graph buffers if any
@@ -273,6 +279,7 @@ def worker_class() -> type:
             verify.positions = positions
             prefix = batch.seq_lens.clone()
             batch.spec_info = verify
+            self.profile.mark(ev, 1)
             # 3) target verify + acceptance + target KV compaction (SGLang's EAGLE path)
             result = run_eagle_verify(
                 batch, target_worker=self.target_worker,
@@ -282,6 +289,7 @@ def worker_class() -> type:
                 num_steps=p.depth, num_draft_tokens=p.width, device=self.device,
                 metadata_ready_pre_pad=False, finalize_tree_path=True)
             republish_read_done(self.target_worker.model_runner, self.device)
+            self.profile.mark(ev, 2)
             commit = result.accept_lens.to(torch.int32)  # accepted drafts + bonus, [bs]
             new_seq_lens = prefix + commit.to(prefix.dtype)
             if on_publish is not None:
@@ -300,6 +308,8 @@ def worker_class() -> type:
                 bonus_tokens=bonus, new_seq_lens=new_seq_lens)
             result.new_seq_lens = new_seq_lens
             result.accept_lens = commit
+            self.profile.mark(ev, 3)
+            self.profile.end(ev, len(batch.seq_lens))
             return result
 
     return DFlashTreeWorker

@@ -1,0 +1,75 @@
+"""Where a DFLASH_TREE decode round's time goes, inside SGLang (no SGLang import here).
+
+`DFLASH_TREE_PROFILE=N` (environment of the server): every N decode rounds the worker logs one
+line with the mean milliseconds of each phase of those rounds on the GPU's timeline (CUDA
+events on the forward stream, so a phase's time includes the GPU's idle gaps while the host
+launches it): draft (the drafter's block forward), tree (top-K over the LM head, the tree build,
+SGLang's verify input), verify (`run_eagle_verify`: target forward, acceptance, tree-path
+compaction), append (the drafter's KV of the accepted path, the next draft input). Unset or 0:
+off (no events, no syncs). A log line costs one device sync; profile only to measure.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from ..errors import ConfigError
+from ..fast.graphs import _event, _sync
+
+logger = logging.getLogger(__name__)
+
+ENV = "DFLASH_TREE_PROFILE"
+PHASES = ("draft", "tree", "verify", "append")
+
+
+def profile_every(environ=os.environ) -> int:
+    """Rounds per profile line from `DFLASH_TREE_PROFILE` (0: off); a clear error otherwise."""
+    raw = environ.get(ENV, "0").strip() or "0"
+    if not raw.isdigit():
+        raise ConfigError(ENV, f"must be an integer >= 0 (decode rounds per log line; 0 = off), "
+                               f"got {raw!r}")
+    return int(raw)
+
+
+class RoundProfile:
+    """Events of the rounds since the last line: `start()` at a round's start (None when off),
+    `mark(ev, i)` after phase i of `PHASES`, `end(ev, batch)` when the round is issued."""
+
+    def __init__(self, every: int, device, log=logger.info):
+        self.every, self.device, self.log = every, device, log
+        self.pending: list[list] = []  # per round: len(PHASES) + 1 events
+        self.lines: list[dict[str, float]] = []  # every logged line's means (tests, debugging)
+
+    def start(self):
+        if not self.every:
+            return None
+        ev = [_event(self.device) for _ in range(len(PHASES) + 1)]
+        ev[0].record()
+        return ev
+
+    @staticmethod
+    def mark(ev, phase: int) -> None:
+        if ev is not None:
+            ev[phase + 1].record()
+
+    def end(self, ev, batch: int) -> None:
+        if ev is None:
+            return
+        self.pending.append(ev)
+        if len(self.pending) >= self.every:
+            self.flush(batch)
+
+    def flush(self, batch: int) -> dict[str, float]:
+        """Log the mean ms per phase of the pending rounds (one device sync) and reset."""
+        if not self.pending:
+            return {}
+        _sync(self.device)
+        n = len(self.pending)
+        means = {p: sum(ev[i].elapsed_time(ev[i + 1]) for ev in self.pending) / n
+                 for i, p in enumerate(PHASES)}
+        self.pending = []
+        self.lines.append(means)
+        self.log("DFLASH_TREE round profile (%d rounds, batch %d): %s; round %.3f ms", n, batch,
+                 " ".join(f"{p} {m:.3f}" for p, m in means.items()), sum(means.values()))
+        return means
