@@ -1,9 +1,13 @@
 """GPU bring-up of DFLASH_TREE in SGLang (issue 19): plain vs DFLASH vs DFLASH_TREE at node
 budgets 16/32/64 (top-4), on the bundled pair, 1 and 8 concurrent requests, greedy.
 
-Reports per (mode, concurrency): tokens/s (output tokens / wall time of the row), tau
-(sum completion_tokens / sum spec_verify_ct, SGLang's own counters) and greedy token identity
-against the plain run (requests identical / total, first differing position). One engine per
+Reports per (mode, concurrency), after an untimed pass at every concurrency (32 tokens of as many
+prompts, so the first use of each batch shape stays out of the rows; the first H200 run warmed
+1 request only, and its 8-request rows of DFLASH and DFLASH_TREE, about 1,000 tok/s, below
+their 1-request rows, are likely cold: `gpu_engines.py`'s warmed DFLASH row had 9,508):
+tokens/s (output tokens / wall time of the row), tau (sum completion_tokens / sum
+spec_verify_ct, SGLang's own counters) and greedy token identity against the plain run
+(requests identical / total, first differing position). One engine per
 process (`run --mode M`, one JSON each); `all` runs every mode in turn as subprocesses (an engine
 that fails to start is recorded as an error and the next mode still runs); `report` prints the
 table. First bring-up: add `--eager` (no CUDA graphs) to separate the worker from the graph hook.
@@ -104,7 +108,8 @@ def cmd_run(args) -> None:
         path.write_text(json.dumps(doc, indent=1))
         raise
     try:
-        run_row(engine, ids[:2], 1, 16)  # warm-up: first compile / graph replay paths
+        for conc in args.concurrency:  # untimed: every batch shape's first use (lazy plans,
+            run_row(engine, ids[:conc], conc, 32)  # JIT kernels) stays out of the timed rows
         for conc in args.concurrency:
             doc["rows"].append(run_row(engine, ids, conc, args.max_new_tokens))
             path.write_text(json.dumps(doc, indent=1))
