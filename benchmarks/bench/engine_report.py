@@ -26,37 +26,48 @@ def tp_of(doc: dict) -> int:
     return doc.get("tp", 1)
 
 
+def mode_label(doc: dict) -> str:
+    """A run's speculative configuration: its mode, and for DFLASH_TREE (`--mode tree`) the
+    node budget and top-K (`tree32-k4`), so several budgets sit side by side."""
+    if doc.get("mode") == "tree":
+        return f"tree{doc.get('num_spec_tokens')}-k{doc.get('tree_topk')}"
+    return doc.get("mode")
+
+
 def _pairs(docs: list[dict]) -> dict[tuple[str, int], dict[str, dict]]:
-    """(engine, TP) -> mode -> the (last given) engine-run doc."""
+    """(engine, TP) -> mode label -> the (last given) engine-run doc."""
     out: dict[tuple[str, int], dict[str, dict]] = {}
     for d in docs:
         if d.get("kind") == "engine-run":
-            out.setdefault((d["engine"], tp_of(d)), {})[d["mode"]] = d
+            out.setdefault((d["engine"], tp_of(d)), {})[mode_label(d)] = d
     return out
 
 
 def render_tables(docs: list[dict]) -> str:
-    """Markdown: one row per (engine, TP, T, concurrency) pairing plain with DFlash, then the
-    round-cost table. Identity = prompts whose DFlash token ids equal plain's (T=0 only)."""
-    lines = ["| engine | TP | T | concurrency | plain tok/s | DFlash tok/s | speedup | tau | "
-             "TTFT plain / DFlash (ms) | identical at T=0 |", "|" + " --- |" * 10]
+    """Markdown: one row per (engine, TP, speculative mode, T, concurrency) pairing plain with
+    that mode (DFlash, or a DFLASH_TREE budget), then the round-cost table. Identity = prompts
+    whose token ids equal plain's (T=0 only)."""
+    lines = ["| engine | TP | mode | T | concurrency | plain tok/s | spec tok/s | speedup | tau | "
+             "TTFT plain / spec (ms) | identical at T=0 |", "|" + " --- |" * 11]
     for (engine, tp), modes in _pairs(docs).items():
-        plain, spec = modes.get("plain", {}), modes.get("dflash", {})
+        plain = modes.get("plain", {})
         prow = {(r["temperature"], r["concurrency"]): r for r in plain.get("rows", [])}
-        srow = {(r["temperature"], r["concurrency"]): r for r in spec.get("rows", [])}
-        for key in sorted(set(prow) | set(srow)):
-            a, b = prow.get(key, {}), srow.get(key, {})
-            pt, st = a.get("tokens_per_s"), b.get("tokens_per_s")
-            same = "—"
-            if key[0] == 0 and a and b:
-                ag = agreement(b["output_token_ids"], a["output_token_ids"])
-                same = f"{ag['identical']} / {ag['of']}"
-            ttft = (f"{fmt(a.get('ttft_s_median'), '.1f', 1e3)} / "
-                    f"{fmt(b.get('ttft_s_median'), '.1f', 1e3)}")
-            lines.append(f"| {engine} | {tp} | {key[0]:g} | {key[1]} | {fmt(pt)} | {fmt(st)} | "
-                         f"{fmt(st / pt if pt and st else None, '.2f')} | "
-                         f"{fmt(b.get('tau'), '.2f')} | {ttft} | {same} |")
-    notes = [f"- {d['engine']} {d['engine_version']} {d['mode']} TP {tp_of(d)}: {d['device']}, "
+        for label in sorted(m for m in modes if m != "plain") or ["dflash"]:
+            srow = {(r["temperature"], r["concurrency"]): r
+                    for r in modes.get(label, {}).get("rows", [])}
+            for key in sorted(set(prow) | set(srow)):
+                a, b = prow.get(key, {}), srow.get(key, {})
+                pt, st = a.get("tokens_per_s"), b.get("tokens_per_s")
+                same = "—"
+                if key[0] == 0 and a and b:
+                    ag = agreement(b["output_token_ids"], a["output_token_ids"])
+                    same = f"{ag['identical']} / {ag['of']}"
+                ttft = (f"{fmt(a.get('ttft_s_median'), '.1f', 1e3)} / "
+                        f"{fmt(b.get('ttft_s_median'), '.1f', 1e3)}")
+                lines.append(f"| {engine} | {tp} | {label} | {key[0]:g} | {key[1]} | {fmt(pt)} | "
+                             f"{fmt(st)} | {fmt(st / pt if pt and st else None, '.2f')} | "
+                             f"{fmt(b.get('tau'), '.2f')} | {ttft} | {same} |")
+    notes = [f"- {d['engine']} {d['engine_version']} {mode_label(d)} TP {tp_of(d)}: {d['device']}, "
              f"{d['dtype']}, {d['num_prompts']} prompts x {d['max_tokens']} new tokens, start-up "
              f"{d['startup_s']:.0f} s, cold first request {d['cold_first_request_s']:.2f} s, "
              f"{d['date'][:10]}{'' if d.get('complete') else ' (INCOMPLETE)'}"
@@ -65,16 +76,19 @@ def render_tables(docs: list[dict]) -> str:
     cost: dict[tuple, dict[str, dict]] = {}
     for d in docs:
         if d.get("kind") == "round-cost":
-            cost.setdefault((d["engine"], tp_of(d), d["shape"], d["dtype"]), {})[d["mode"]] = d
+            key = (d["engine"], tp_of(d), d["shape"], d["dtype"])
+            cost.setdefault(key, {})[mode_label(d)] = d
     if cost:
-        out += ("\n| engine | TP | shape | dtype | plain ms / step | DFlash ms / round | "
-                "round / step | DFlash tokens / round |\n" + "|" + " --- |" * 8 + "\n")
+        out += ("\n| engine | TP | shape | dtype | mode | plain ms / step | spec ms / round | "
+                "round / step | spec tokens / round |\n" + "|" + " --- |" * 9 + "\n")
         for (engine, tp, shape, dtype), m in sorted(cost.items()):
             p = m.get("plain", {}).get("per_round_s")
-            s = m.get("dflash", {}).get("per_round_s")
-            out += (f"| {engine} | {tp} | {shape} | {dtype} | {fmt(p, '.2f', 1e3)} | "
-                    f"{fmt(s, '.2f', 1e3)} | {fmt(s / p if p and s else None, '.2f')} | "
-                    f"{fmt(m.get('dflash', {}).get('tokens_per_round'), '.2f')} |\n")
+            for label in sorted(x for x in m if x != "plain") or ["dflash"]:
+                s = m.get(label, {}).get("per_round_s")
+                out += (f"| {engine} | {tp} | {shape} | {dtype} | {label} | "
+                        f"{fmt(p, '.2f', 1e3)} | {fmt(s, '.2f', 1e3)} | "
+                        f"{fmt(s / p if p and s else None, '.2f')} | "
+                        f"{fmt(m.get(label, {}).get('tokens_per_round'), '.2f')} |\n")
     return out
 
 

@@ -62,6 +62,7 @@ class EngineSpec:
     speculative_config: dict | None = None  # vLLM: a whole --speculative-config (e.g. tuned)
     log_level: str | None = None  # SGLang log level (None: Engine's "error"; "info" prints ours)
     tp: int = 1  # tensor-parallel GPUs: vLLM tensor_parallel_size / SGLang tp_size
+    tree_topk: int | None = None  # SGLang DFLASH_TREE (ours): top-K; node budget num_spec_tokens
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ Done = Finished  # one finished request (token ids, latency, TTFT, SGLang verify
 def vllm_kwargs(spec: EngineSpec) -> dict:
     """The keyword arguments of `vllm.LLM` for `spec` (imports vLLM only for a drafter's own
     load format)."""
+    if spec.tree_topk is not None:
+        raise ValueError("mode tree: vLLM has no hook for tree verification (README, 'Tree "
+                         "drafting and vLLM'); tree rows run in SGLang (--engine sglang)")
     kw = dict(model=spec.target, tokenizer=spec.target, dtype=spec.dtype,
               max_model_len=spec.max_model_len, seed=spec.seed,
               enforce_eager=spec.enforce_eager, disable_log_stats=False,
@@ -122,6 +126,10 @@ def sglang_kwargs(spec: EngineSpec) -> dict:
     if spec.draft:
         kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=spec.draft,
                   speculative_num_draft_tokens=spec.num_spec_tokens + 1)
+        if spec.tree_topk is not None:  # flashinfer: fa3 (Hopper's default) takes no tree mask
+            kw.update(speculative_algorithm="DFLASH_TREE", speculative_eagle_topk=spec.tree_topk,
+                      attention_backend="flashinfer",
+                      speculative_draft_attention_backend="flashinfer")
         if spec.draft_load_format:
             kw["speculative_draft_load_format"] = spec.draft_load_format
     return kw
