@@ -13,7 +13,7 @@ same parent); -1 for none. SGLang is imported only by `verify_input_class` (lazi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import torch
@@ -25,7 +25,7 @@ from ..fast.tree_build import ancestor_mask
 class TreeVerifyTensors:
     draft_token: torch.Tensor  # [bs * W] long, root first per request
     positions: torch.Tensor  # [bs * W] long, seq_len + depth
-    custom_mask: torch.Tensor  # [W * seq_lens_sum + bs * W * W] bool (FULL_MASK layout)
+    custom_mask: torch.Tensor | None  # [W * seq_lens_sum + bs * W * W] bool (FULL_MASK layout)
     retrieve_index: torch.Tensor  # [bs, W] long, b * W + i
     retrieve_next_token: torch.Tensor  # [bs, W] long, first child or -1
     retrieve_next_sibling: torch.Tensor  # [bs, W] long, next sibling or -1
@@ -83,6 +83,35 @@ def full_mask(
     return out
 
 
+def tree_parts(
+    tokens: torch.Tensor,  # [bs, N] draft tokens in tree order (parent before child)
+    parents: torch.Tensor,  # [bs, N] tree index of each node's parent (0 = root)
+    depths: torch.Tensor,  # [bs, N] 1..D
+    root: torch.Tensor,  # [bs] the bonus token (root of each tree)
+    seq_lens: torch.Tensor,  # [bs] committed prefix length (the root's position)
+    max_depth: int,  # D: static bound on depths (the drafter block - 1, or N)
+) -> TreeVerifyTensors:  # custom_mask None: its size depends on the host's seq_lens_sum
+    """Everything SGLang's tree verification reads but the FULL mask: static shapes and no host
+    sync, so a CUDA graph per batch size can hold it (`sglang_tree_stage`)."""
+    bs, n = tokens.shape
+    w = n + 1
+    par = full_parents(parents)
+    dep = torch.cat([depths.new_zeros(bs, 1), depths], 1).long()
+    anc = ancestor_mask(par, max(1, max_depth))
+    nxt, sib = tree_links(par)
+    draft = torch.cat([root.reshape(bs, 1).to(tokens.dtype), tokens], 1).long().reshape(-1)
+    positions = (seq_lens.long()[:, None] + dep).reshape(-1)
+    index = (torch.arange(bs, device=tokens.device)[:, None] * w
+             + torch.arange(w, device=tokens.device)[None, :])
+    return TreeVerifyTensors(draft, positions, None, index, nxt, sib, anc, w, max_depth + 1)
+
+
+def with_mask(t: TreeVerifyTensors, seq_lens: torch.Tensor, seq_lens_sum: int,
+              mask_out: torch.Tensor | None = None) -> TreeVerifyTensors:
+    """`t` with its FULL custom mask (`full_mask`, into `mask_out` when given)."""
+    return replace(t, custom_mask=full_mask(t.anc, seq_lens, seq_lens_sum, mask_out))
+
+
 def build_verify_tensors(
     tokens: torch.Tensor,  # [bs, N] draft tokens in tree order (parent before child)
     parents: torch.Tensor,  # [bs, N] tree index of each node's parent (0 = root)
@@ -94,18 +123,8 @@ def build_verify_tensors(
     mask_out: torch.Tensor | None = None,  # optional FULL-mask buffer to fill
 ) -> TreeVerifyTensors:
     """Everything SGLang's tree verification reads, from our tree tensors (no host sync)."""
-    bs, n = tokens.shape
-    w = n + 1
-    par = full_parents(parents)
-    dep = torch.cat([depths.new_zeros(bs, 1), depths], 1).long()
-    anc = ancestor_mask(par, max(1, max_depth))
-    nxt, sib = tree_links(par)
-    draft = torch.cat([root.reshape(bs, 1).to(tokens.dtype), tokens], 1).long().reshape(-1)
-    positions = (seq_lens.long()[:, None] + dep).reshape(-1)
-    index = (torch.arange(bs, device=tokens.device)[:, None] * w
-             + torch.arange(w, device=tokens.device)[None, :])
-    return TreeVerifyTensors(draft, positions, full_mask(anc, seq_lens, seq_lens_sum, mask_out),
-                             index, nxt, sib, anc, w, max_depth + 1)
+    return with_mask(tree_parts(tokens, parents, depths, root, seq_lens, max_depth), seq_lens,
+                     seq_lens_sum, mask_out)
 
 
 def check_tree_order(parents: torch.Tensor) -> None:  # [bs, N] (host sync: tests/debug only)

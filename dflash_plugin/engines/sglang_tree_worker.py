@@ -7,7 +7,8 @@ versions `worker_class` raises (0.5.23's DFlash worker differs too much: config-
 `kv_loc_plan`, no `ps`). Per decode
 round: the drafter runs one block of L tokens ([bonus, mask, ...]) exactly as SGLang's DFLASH does;
 the top-K log-probs of depths 1..D (drafter hidden -> target LM head) give the tree of N nodes
-(`fast/tree_build.build_tree`, on the device, no host sync); `sglang_tree_input` lays it out as a
+(`fast/tree_build.build_tree`, on the device, no host sync, one CUDA graph per batch size:
+`sglang_tree_stage`); `sglang_tree_input` lays it out as a
 `DFlashTreeVerifyInput`; SGLang's `run_eagle_verify` runs the target over the W = N + 1 tree tokens
 with the FULL custom mask, accepts the longest path (greedy / target-only sampling) and moves the
 accepted path's target KV and hidden states to the front; the drafter KV of that path is then
@@ -24,11 +25,11 @@ from functools import cache
 
 import torch
 
-from ..fast.tree_build import build_tree
 from .sglang_checks import sglang_version
 from .sglang_tree_algo import NAME, WORKER_VERSIONS, TreeArgs, check_tree_args
-from .sglang_tree_input import build_verify_tensors, make_verify_input
+from .sglang_tree_input import make_verify_input, with_mask
 from .sglang_tree_profile import RoundProfile, profile_every
+from .sglang_tree_stage import TreeStage, graphs_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +193,13 @@ def worker_class() -> type:
             self.server_args = server_args  # the global args (W, K) everywhere else
             # DFLASH_TREE_PROFILE=N: per-phase round times in the log (sglang_tree_profile)
             self.profile = RoundProfile(profile_every(), torch.device(self.device))
+            # the tree phase: one CUDA graph per batch size (DFLASH_TREE_GRAPHS=0: eager)
+            self.tree_stage = TreeStage(torch.device(self.device), self._tree_topk,
+                                        self.plan.budget, self.plan.depth, graphs_enabled())
+
+        def _tree_topk(self, hidden):  # [bs, D, h] -> top-K log-probs, ids [bs, D, K]
+            return tree_topk(hidden, self.target_worker.model_runner.model.lm_head,
+                             self.plan.topk)
 
         def _maybe_build_draft_sampler(self):
             return None  # the tree needs top-K log-probs, not the in-graph argmax
@@ -258,18 +266,15 @@ def worker_class() -> type:
             if not isinstance(draft_input, DFlashDraftInputV2):
                 raise RuntimeError(f"{NAME} expected DFlashDraftInputV2 on the running batch")
             p, ev = self.plan, self.profile.start()
-            lm_head = self.target_worker.model_runner.model.lm_head
-            # 1) draft, top-K per depth, tree (device only)
+            # 1) draft, then top-K per depth, tree and verify tensors (device only, one graph)
             hidden = self._draft_block(batch, draft_input)[:, 1:1 + p.depth]  # [bs, D, h]
             self.profile.mark(ev, 0)
-            top_lp, top_ids = tree_topk(hidden, lm_head, p.topk)
-            tokens, parents, depths = build_tree(top_lp, top_ids, p.budget)  # [bs, N] each
+            parts = self.tree_stage.run(hidden, draft_input.bonus_tokens, batch.seq_lens)
             # 2) SGLang's tree-verify input, into the target backend's graph buffers if any
             mask_buf, pos_buf = self.target_worker.model_runner.attn_backend \
                 .get_verify_buffers_to_fill_after_draft()
             seq_bound = self._verify_seq_bound(batch, draft_input)
-            t = build_verify_tensors(tokens, parents, depths, draft_input.bonus_tokens,
-                                     batch.seq_lens, seq_bound, p.depth, mask_out=mask_buf)
+            t = with_mask(parts, batch.seq_lens, seq_bound, mask_buf)
             positions = t.positions
             if pos_buf is not None:
                 pos_buf[:positions.numel()].copy_(positions)

@@ -15,10 +15,14 @@ import torch
 
 
 class StepGraphs:
-    def __init__(self, device: torch.device, enabled: bool = True):
+    def __init__(self, device: torch.device, enabled: bool = True,
+                 capture_error_mode: str = "global"):
+        """`capture_error_mode` as `torch.cuda.graph`'s: "thread_local" inside an engine whose
+        other threads may touch CUDA while this thread captures."""
         self.enabled = enabled and device.type == "cuda"
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = None
+        self.capture_error_mode = capture_error_mode
 
     def run(self, key: tuple, fn: Callable[[], None], restore: Sequence[torch.Tensor] = ()) -> None:
         """Replay the graph of `fn` (capturing it on first use). `restore` lists state tensors
@@ -43,7 +47,7 @@ class StepGraphs:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=self.capture_error_mode):
             fn()
         return graph
 
