@@ -60,6 +60,7 @@ from bench.speedup_rows import (  # noqa: E402
 )
 from bench.tree_rows import sampled_tree_rows, tree_rows  # noqa: E402
 
+from dflash_plugin.adaptive import AdaptiveConfig  # noqa: E402
 from dflash_plugin.checkpoint import load_drafter  # noqa: E402
 from dflash_plugin.fast.loop import compile_steps  # noqa: E402
 from dflash_plugin.loading import load_target  # noqa: E402
@@ -99,8 +100,9 @@ def main() -> None:
                    help="timed rows use the batch-invariant runtime (identity rows run both)")
     p.add_argument("--adaptive-k", type=int, default=8,
                    help="`adaptive` rows: batch x k dev prompts per batch size (--prompts file)")
-    p.add_argument("--adaptive-reads-every", type=int, default=8,
-                   help="`adaptive` rows: most rounds at q > 1 between host reads (policy updates)")
+    p.add_argument("--adaptive-reads-every", type=int, default=AdaptiveConfig().reads_every,
+                   help="`adaptive` rows: most rounds at q > 1 between host reads (policy "
+                   "updates); the H200 rows of 2026-12-01 used 8")
     p.add_argument("--cold-prompts", type=int, default=4,
                    help="never-seen prompt lengths timed per cold row")
     p.add_argument("--cold-timeout", type=int, default=400, help="seconds per cold process")

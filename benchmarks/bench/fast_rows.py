@@ -94,7 +94,7 @@ def run_ours(dec, prompts, batch, block, proposer, max_new, profile=False,
 
 
 def adaptive_batch(plain, dflash, prompts, batch, max_new, warmed, block=16,
-                   cfg: AdaptiveConfig | None = None, reads_every: int = 8) -> dict:
+                   cfg: AdaptiveConfig | None = None, reads_every: int = 16) -> dict:
     """Plain decoding (`plain`: a decoder without drafter), fixed DFlash (q = `block`) and
     adaptive speculation (`dflash` decoder, `cfg`; default `AdaptiveConfig(reads_every=...)`)
     over the same prompts in chunks of `batch`, each decoder warmed up over its shapes and
