@@ -112,17 +112,11 @@ def with_mask(t: TreeVerifyTensors, seq_lens: torch.Tensor, seq_lens_sum: int,
     return replace(t, custom_mask=full_mask(t.anc, seq_lens, seq_lens_sum, mask_out))
 
 
-def build_verify_tensors(
-    tokens: torch.Tensor,  # [bs, N] draft tokens in tree order (parent before child)
-    parents: torch.Tensor,  # [bs, N] tree index of each node's parent (0 = root)
-    depths: torch.Tensor,  # [bs, N] 1..D
-    root: torch.Tensor,  # [bs] the bonus token (root of each tree)
-    seq_lens: torch.Tensor,  # [bs] committed prefix length (the root's position)
-    seq_lens_sum: int,  # host int: sum(seq_lens)
-    max_depth: int,  # D: static bound on depths (the drafter block - 1, or N)
-    mask_out: torch.Tensor | None = None,  # optional FULL-mask buffer to fill
-) -> TreeVerifyTensors:
-    """Everything SGLang's tree verification reads, from our tree tensors (no host sync)."""
+def build_verify_tensors(tokens, parents, depths, root, seq_lens, seq_lens_sum: int,
+                         max_depth: int, mask_out: torch.Tensor | None = None
+                         ) -> TreeVerifyTensors:
+    """`tree_parts` (the same tensors) with the FULL mask of `seq_lens_sum` (host int), into
+    `mask_out` when given: everything SGLang's tree verification reads, in one call."""
     return with_mask(tree_parts(tokens, parents, depths, root, seq_lens, max_depth), seq_lens,
                      seq_lens_sum, mask_out)
 
