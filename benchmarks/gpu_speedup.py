@@ -62,7 +62,7 @@ from bench.tree_rows import sampled_tree_rows, tree_rows  # noqa: E402
 
 from dflash_plugin.adaptive import AdaptiveConfig  # noqa: E402
 from dflash_plugin.checkpoint import load_drafter  # noqa: E402
-from dflash_plugin.fast.loop import compile_steps  # noqa: E402
+from dflash_plugin.fast.accept import compile_steps  # noqa: E402
 from dflash_plugin.loading import load_target  # noqa: E402
 
 FIX = FIXTURES
@@ -91,7 +91,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cpu: a slow fp32 smoke test of the script")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile our elementwise ops and the acceptance step "
-                   "(fast.loop.compile_steps)")
+                   "(fast.accept.compile_steps)")
     p.add_argument("--attention", default="auto", choices=["auto", "sdpa", "triton"],
                    help="attention backend of our runtime's steps (fast/attention.py)")
     p.add_argument("--prefill-bucket", type=int, default=64,

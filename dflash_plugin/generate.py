@@ -173,7 +173,7 @@ def start_loop(target, proposer: Proposer, prompts: list[list[int]], params: Sam
 
 def _use_fast(fast, device, target, proposer, params, stops) -> bool:
     from .fast import supports
-    from .fast.loop import MAX_STOPS
+    from .fast.accept import MAX_STOPS
     from .proposers import DFlashProposer
 
     ok = (params.greedy and isinstance(proposer, DFlashProposer) and supports(target)

@@ -33,8 +33,8 @@ checkout_first()
 from dflash_plugin.adaptive import AdaptiveConfig  # noqa: E402
 from dflash_plugin.checkpoint import load_drafter  # noqa: E402
 from dflash_plugin.fast import build_decoder, fast_generate  # noqa: E402
+from dflash_plugin.fast.accept import compile_steps  # noqa: E402
 from dflash_plugin.fast.adaptive_loop import measure_round_ms  # noqa: E402
-from dflash_plugin.fast.loop import compile_steps  # noqa: E402
 from dflash_plugin.loading import load_target  # noqa: E402
 
 

@@ -19,9 +19,10 @@ import gc
 import torch
 
 from dflash_plugin.config import build_target_layer_ids
+from dflash_plugin.fast.accept import accept_round
 from dflash_plugin.fast.drafter import random_drafter
 from dflash_plugin.fast.graphs import time_step
-from dflash_plugin.fast.loop import FastDecoder, accept_round
+from dflash_plugin.fast.loop import FastDecoder
 from dflash_plugin.fast.qwen3 import Shape, random_target
 from dflash_plugin.fast.tree_loop import TreeDecoder
 
@@ -43,7 +44,7 @@ def step_times(dec: FastDecoder, qs: list[int], iters: int = 50) -> dict:
 
 
 def accept_times(dec, q: int) -> dict:
-    """Graph-timed acceptance step, eager and compiled (`fast.loop.accept_round`). Every row is
+    """Graph-timed acceptance step, eager and compiled (`fast.accept.accept_round`). Every row is
     marked finished first, so the step commits nothing and can be repeated (same kernels)."""
     dec.done.fill_(True)
     args = dec.accept_args(q)

@@ -3,7 +3,7 @@
 A round is three steps with static shapes and no host sync: `draft` (the drafter's top-k per
 depth, then `tree_build.build_tree`: n nodes per row), `verify` (the target once over
 [anchor + n nodes] under the ancestor mask, then the walk and the *compaction*) and
-`accept` (`loop.accept_round` along the walked path: caps, stop tokens, lengths, history).
+`accept` (`accept.accept_round` along the walked path: caps, stop tokens, lengths, history).
 *Scratch slots*: the block's K/V go to slots length + tree index (tree nodes share positions:
 RoPE uses position length + depth); the compaction moves the accepted path to slots
 length + depth in every target layer and writes the drafter's context K/V of the path at
@@ -25,10 +25,11 @@ from ..errors import require
 from ..metrics import AggregateMetrics, GenerationResult, RequestMetrics
 from ..sampling import SamplingParams
 from ..tree import capacity, sampled_drafts
+from .accept import _accept_impl
 from .attention import plan
 from .drafter import context_write, draft_logits
 from .graphs import StepGraphs
-from .loop import AHEAD_CAP, FastDecoder, _accept_impl, _event, _sync, finish, rounds_ahead
+from .loop import AHEAD_CAP, FastDecoder, _event, _sync, finish, rounds_ahead
 from .qwen3 import target_forward
 from .tree_build import ancestor_mask, build_tree, greedy_path, rejection_path
 

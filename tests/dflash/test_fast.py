@@ -7,10 +7,10 @@ import torch
 
 from dflash_plugin.errors import ConfigError
 from dflash_plugin.fast import build_decoder, fast_generate, supports
+from dflash_plugin.fast.accept import accept_round, compile_steps
 from dflash_plugin.fast.attention import plan, resolve_backend
 from dflash_plugin.fast.cache import StaticKVCache
 from dflash_plugin.fast.drafter import context_write, draft_block
-from dflash_plugin.fast.loop import accept_round, compile_steps
 from dflash_plugin.fast.qwen3 import target_forward
 from dflash_plugin.generate import speculative_generate
 from dflash_plugin.ngram import NgramProposer

@@ -9,8 +9,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from dflash_plugin.errors import ConfigError
+from dflash_plugin.fast import accept as fast_accept
 from dflash_plugin.fast import build_decoder, fast_generate
-from dflash_plugin.fast import loop as fast_loop
 from tests.conftest import fitted_drafter, greedy_reference
 
 PROMPTS = [[5, 17, 29, 41], [9, 8, 7, 6, 5, 4, 3, 2, 9], [11, 12], [20, 30, 40, 50, 60, 70, 80]]
@@ -57,7 +57,7 @@ def _compiled(monkeypatch):
     def compile_(fn, **kw):
         return real(fn, **{**kw, "backend": "aot_eager"})
     monkeypatch.setattr(torch, "compile", compile_)
-    fast_loop.compile_steps(True)
+    fast_accept.compile_steps(True)
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -84,7 +84,7 @@ def test_no_recompile_for_a_new_prompt_length_after_warmup(pair, monkeypatch, ba
         assert counters["stats"]["unique_graphs"] == frames, {
             k: v - before.get(k, 0) for k, v in counters["stats"].items()}
     finally:
-        fast_loop.compile_steps(False)
+        fast_accept.compile_steps(False)
         monkeypatch.undo()
         torch._dynamo.reset()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_plugin.fast.loop import MAX_STOPS, accept_round
+from dflash_plugin.fast.accept import MAX_STOPS, accept_round
 from dflash_plugin.verify import verify_greedy, verify_rejection
 
 VOCAB = 8
