@@ -29,6 +29,12 @@ import sys
 import time
 from pathlib import Path
 
+from bench.common import checkout_first
+
+checkout_first()  # this checkout's dflash_plugin (bench.engine_rows imports it)
+
+from bench.engine_rows import EngineSpec, sglang_kwargs  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "examples" / "fixtures"
 MODES = ["plain", "dflash", "tree16", "tree32", "tree64"]  # `all`'s default; any treeN runs
@@ -43,21 +49,18 @@ def mode(text: str) -> str:
 
 
 def engine_kwargs(args, mode: str) -> dict:
-    kw = dict(model_path=str(args.target), tokenizer_path=str(args.target), dtype=args.dtype,
-              context_length=4096, random_seed=0, max_running_requests=16,
-              disable_radix_cache=True, log_level="info")
-    if args.eager:
-        kw["disable_cuda_graph"] = True
-    else:  # decode graphs up to the 16 running requests; no prefill graphs (as gpu_engines.py)
-        kw.update(cuda_graph_backend_prefill="disabled", cuda_graph_max_bs_decode=16)
-    if mode == "dflash":
-        kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=str(args.draft),
-                  speculative_num_draft_tokens=16)
-    elif mode.startswith("tree"):
-        kw.update(speculative_algorithm="DFLASH_TREE",
-                  speculative_draft_model_path=str(args.draft),
-                  speculative_num_draft_tokens=int(mode[4:]) + 1,
-                  speculative_eagle_topk=args.topk, attention_backend=args.attention_backend,
+    """`sgl.Engine` keywords of `mode` (`bench.engine_rows.sglang_kwargs`, as gpu_engines.py
+    builds them): 16 running requests, decode graphs up to 16 and no prefill graphs unless
+    --eager; DFLASH drafts 15, treeN verifies N nodes of top-K with --attention-backend."""
+    tree = mode.startswith("tree")
+    spec = EngineSpec(engine="sglang", target=str(args.target),
+                      draft=None if mode == "plain" else str(args.draft),
+                      num_spec_tokens=int(mode[4:]) if tree else 15, dtype=args.dtype,
+                      enforce_eager=args.eager, max_seqs=16, prefill_graphs=False,
+                      graph_max_bs=16, log_level="info", tree_topk=args.topk if tree else None)
+    kw = sglang_kwargs(spec)
+    if tree:
+        kw.update(attention_backend=args.attention_backend,
                   speculative_draft_attention_backend=args.attention_backend)
     return kw
 

@@ -14,7 +14,7 @@ from tests.test_bench_tp import BENCH, scripts  # noqa: F401  (fixture: gpu_engi
 
 
 @pytest.fixture(scope="module")
-def bench():
+def bench(scripts):  # noqa: F811  (scripts: benchmarks/ on sys.path, as `python benchmarks/X.py`)
     path = BENCH / "gpu_tree_sglang.py"
     spec = importlib.util.spec_from_file_location("_bench_tree_sglang", path)
     mod = importlib.util.module_from_spec(spec)

@@ -4,8 +4,8 @@ Ran on the H200 (SGLang 0.5.16, 2026-12-01): serves with CUDA graphs, flashinfer
 attention (BENCHMARKS.md "DFLASH_TREE inside SGLang"). Written against SGLang 0.5.16's
 `DFlashWorkerV2` and `run_eagle_verify` (`sglang_tree_design.md` beside this file); on other
 versions `worker_class` raises (0.5.23's DFlash worker differs too much: config-bag widths,
-`kv_loc_plan`, no `ps`). Per decode
-round: the drafter runs one block of L tokens ([bonus, mask, ...]) exactly as SGLang's DFLASH does;
+`kv_loc_plan`, no `ps`). Per decode round: the drafter runs one block of L tokens ([bonus, mask,
+...]) exactly as SGLang's DFLASH does;
 the top-K log-probs of depths 1..D (drafter hidden -> target LM head) give the tree of N nodes
 (`fast/tree_build.build_tree`, on the device, no host sync, one CUDA graph per batch size:
 `sglang_tree_stage`); `sglang_tree_input` lays it out as a
