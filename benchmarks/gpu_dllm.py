@@ -133,12 +133,15 @@ def cmd_run(args) -> None:
                       max_seqs=args.max_running_requests, prefill_graphs=False,
                       dllm_algorithm=args.algorithm,
                       dllm_config=str(work / CONFIGS[args.algorithm]),
-                      graph_max_bs=args.graph_max_bs, log_level="info", tp=args.tp)
+                      graph_max_bs=args.graph_max_bs, log_level="info", tp=args.tp,
+                      attention_backend=args.attention_backend,
+                      deterministic=args.deterministic)
     t0 = time.perf_counter()
     runner = start_engine(spec)
     doc = {"kind": "dllm-run", "engine": "sglang", "engine_version": runner.version,
            "algorithm": args.algorithm, "cuda_graphs": not args.eager, "tp": args.tp,
            "dtype": args.dtype, "device": gpu_name(), "env": engine_env(),
+           "attention_backend": args.attention_backend, "deterministic": args.deterministic,
            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join([Path(sys.executable).name, *sys.argv]),
            "num_prompts": len(ids), "max_tokens": args.max_tokens,
@@ -237,7 +240,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--max-tokens", type=int, default=128)
     r.add_argument("--warmup-tokens", type=int, default=32)
     r.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    r.add_argument("--dtype", default="bfloat16")
+    r.add_argument("--dtype", default="bfloat16",
+                   help="float32 needs --eager --attention-backend triton: with CUDA graphs "
+                        "SGLang forces flashinfer for dLLMs, which has no fp32 kernels")
+    r.add_argument("--attention-backend", default=None, help="SGLang's (default: its own)")
+    r.add_argument("--deterministic", action="store_true",
+                   help="SGLang's enable_deterministic_inference (batch-invariant kernels); "
+                        "on the H200 (0.5.16, 2026-12-02) it crashed LowConfidence itself")
     r.add_argument("--max-model-len", type=int, default=2048)
     r.add_argument("--max-running-requests", type=int, default=80,
                    help="sequences per forward: requests x (1 + D*) for Spiffy")
@@ -246,7 +255,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--log", default=None, help="engine log (default: --out with .log)")
     r.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (SGLang tp_size)")
     add_report_commands(sub, cmd_report)
-    return parse_tp_args(p, argv)
+    args = parse_tp_args(p, argv)
+    fp32 = getattr(args, "func", None) is cmd_run and args.dtype in ("float32", "float")
+    if fp32 and (not args.eager or args.attention_backend != "triton"):
+        p.error(f"--dtype {args.dtype}: needs --eager --attention-backend triton (with CUDA "
+                "graphs SGLang forces flashinfer for dLLMs; flashinfer and fa3 have no fp32 "
+                "kernels; SGLang 0.5.16's rmsnorm has none on CUDA either)")
+    return args
 
 
 def main(argv=None) -> None:

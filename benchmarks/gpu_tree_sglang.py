@@ -51,18 +51,19 @@ def mode(text: str) -> str:
 def engine_kwargs(args, mode: str) -> dict:
     """`sgl.Engine` keywords of `mode` (`bench.engine_rows.sglang_kwargs`, as gpu_engines.py
     builds them): 16 running requests, decode graphs up to 16 and no prefill graphs unless
-    --eager; DFLASH drafts 15, treeN verifies N nodes of top-K with --attention-backend."""
+    --eager; DFLASH drafts 15, treeN verifies N nodes of top-K. --attention-backend, when given,
+    applies to every mode (target and drafter); without it plain and DFLASH take SGLang's default
+    and treeN flashinfer, except in fp32, where every mode takes triton (flashinfer and fa3 have
+    no fp32 kernels)."""
     tree = mode.startswith("tree")
+    backend = args.attention_backend or ("triton" if args.dtype in ("float32", "float") else None)
     spec = EngineSpec(engine="sglang", target=str(args.target),
                       draft=None if mode == "plain" else str(args.draft),
                       num_spec_tokens=int(mode[4:]) if tree else 15, dtype=args.dtype,
                       enforce_eager=args.eager, max_seqs=16, prefill_graphs=False,
-                      graph_max_bs=16, log_level="info", tree_topk=args.topk if tree else None)
-    kw = sglang_kwargs(spec)
-    if tree:
-        kw.update(attention_backend=args.attention_backend,
-                  speculative_draft_attention_backend=args.attention_backend)
-    return kw
+                      graph_max_bs=16, log_level="info", tree_topk=args.topk if tree else None,
+                      attention_backend=backend, deterministic=args.deterministic)
+    return sglang_kwargs(spec)
 
 
 def prompts(args) -> list[list[int]]:
@@ -124,8 +125,10 @@ def cmd_all(args) -> None:
     base = [sys.executable, __file__, "run", "--out", args.out, "--topk", str(args.topk),
             "--dtype", args.dtype,
             "--prompts", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens),
-            "--attention-backend", args.attention_backend,
             "--concurrency", *map(str, args.concurrency)] + (["--eager"] if args.eager else [])
+    base += ["--deterministic"] if args.deterministic else []
+    if args.attention_backend:
+        base += ["--attention-backend", args.attention_backend]
     env = dict(os.environ, SGLANG_PLUGINS=os.environ.get("SGLANG_PLUGINS", "dflash_plugin"))
     for mode in args.modes:
         print(f"== {mode}", flush=True)
@@ -182,10 +185,15 @@ def parse_args(argv=None):
         s.add_argument("--prompts", type=int, default=16)
         s.add_argument("--max-new-tokens", type=int, default=256)
         s.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-        s.add_argument("--attention-backend", default="flashinfer")
+        s.add_argument("--attention-backend", default=None,
+                       help="every mode's (default: SGLang's; treeN flashinfer; fp32 triton)")
         s.add_argument("--eager", action="store_true", help="disable CUDA graphs")
+        s.add_argument("--deterministic", action="store_true",
+                       help="SGLang's batch-invariant kernels (2026-12-02: DFLASH 8 / 8 equal "
+                            "to plain; trees, verified through another backend, 4 / 8)")
         s.add_argument("--dtype", default="bfloat16",
-                       help="float32: the greedy identity check without bf16's near-tie flips")
+                       help="float32 fails in SGLang 0.5.16 on CUDA (sgl-kernel's rmsnorm); "
+                            "benchmarks/greedy_margins.py checks bf16 outputs instead")
         if name == "run":
             s.add_argument("--mode", type=mode, required=True)
         else:

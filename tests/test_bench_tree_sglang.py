@@ -45,6 +45,46 @@ def test_engine_kwargs_per_mode(bench):
     assert kw["dtype"] == "bfloat16"
 
 
+
+@pytest.mark.parametrize("mode", ["plain", "dflash", "tree32"])
+def test_backend_per_mode_and_fp32_takes_triton(bench, mode):
+    """bf16: plain and DFLASH keep SGLang's default backend, trees take flashinfer; fp32 (no
+    flashinfer or fa3 kernels) takes triton in every mode, target and drafter alike; an explicit
+    --attention-backend applies to every mode."""
+    kw = bench.engine_kwargs(bench.parse_args(["run", "--mode", mode]), mode)
+    assert kw.get("attention_backend") == ("flashinfer" if mode == "tree32" else None)
+    for argv, want in ((["--dtype", "float32"], "triton"),
+                       (["--attention-backend", "fa3"], "fa3")):
+        kw = bench.engine_kwargs(bench.parse_args(["run", "--mode", mode, *argv]), mode)
+        assert kw["attention_backend"] == want
+        assert kw.get("speculative_draft_attention_backend") == (None if mode == "plain"
+                                                                 else want)
+    kw = bench.engine_kwargs(bench.parse_args(["run", "--mode", mode, "--deterministic"]), mode)
+    assert kw["enable_deterministic_inference"]
+
+
+def test_dllm_fp32_needs_eager_triton_and_deterministic_reaches_sglang(scripts):  # noqa: F811
+    from bench.engine_rows import EngineSpec, sglang_kwargs, vllm_kwargs
+
+    dllm = scripts[1]
+    base = ["run", "--work", "w", "--algorithm", "Spiffy", "--out", "x.json"]
+    for extra in (["--dtype", "float32"], ["--dtype", "float32", "--eager"]):
+        with pytest.raises(SystemExit):
+            dllm.parse_args(base + extra)
+    args = dllm.parse_args(base + ["--dtype", "float32", "--eager", "--attention-backend",
+                                   "triton"])
+    assert args.attention_backend == "triton" and not args.deterministic
+    assert dllm.parse_args(base + ["--deterministic"]).deterministic
+    kw = sglang_kwargs(EngineSpec(engine="sglang", target="t", draft=None, deterministic=True,
+                                  attention_backend="triton"))
+    assert kw["enable_deterministic_inference"] and kw["attention_backend"] == "triton"
+    assert "speculative_draft_attention_backend" not in kw
+    assert "enable_deterministic_inference" not in sglang_kwargs(
+        EngineSpec(engine="sglang", target="t", draft=None))
+    with pytest.raises(ValueError, match="SGLang keywords"):
+        vllm_kwargs(EngineSpec(engine="vllm", target="t", draft=None, deterministic=True))
+
+
 def _doc(mode, rows):
     return {"mode": mode, "rows": [{"concurrency": c, "tokens_per_s": tps, "wall_s": 1.0,
                                     "tau": tau, "tokens": toks} for c, tps, tau, toks in rows]}

@@ -63,6 +63,9 @@ class EngineSpec:
     log_level: str | None = None  # SGLang log level (None: Engine's "error"; "info" prints ours)
     tp: int = 1  # tensor-parallel GPUs: vLLM tensor_parallel_size / SGLang tp_size
     tree_topk: int | None = None  # SGLang DFLASH_TREE (ours): top-K; node budget num_spec_tokens
+    attention_backend: str | None = None  # SGLang target + drafter backend (None: its default;
+    # DFLASH_TREE: flashinfer). flashinfer and fa3 have no fp32 kernels: fp32 runs need triton
+    deterministic: bool = False  # SGLang enable_deterministic_inference (batch-invariant ops)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,9 @@ Done = Finished  # one finished request (token ids, latency, TTFT, SGLang verify
 def vllm_kwargs(spec: EngineSpec) -> dict:
     """The keyword arguments of `vllm.LLM` for `spec` (imports vLLM only for a drafter's own
     load format)."""
+    if spec.attention_backend or spec.deterministic:
+        raise ValueError("attention_backend / deterministic are SGLang keywords here; vLLM runs "
+                         "take its default backend")
     if spec.tree_topk is not None:
         raise ValueError("mode tree: vLLM has no hook for tree verification (README, 'Tree "
                          "drafting and vLLM'); tree rows run in SGLang (--engine sglang)")
@@ -132,6 +138,12 @@ def sglang_kwargs(spec: EngineSpec) -> dict:
                       speculative_draft_attention_backend="flashinfer")
         if spec.draft_load_format:
             kw["speculative_draft_load_format"] = spec.draft_load_format
+    if spec.attention_backend:
+        kw["attention_backend"] = spec.attention_backend
+        if spec.draft:
+            kw["speculative_draft_attention_backend"] = spec.attention_backend
+    if spec.deterministic:
+        kw["enable_deterministic_inference"] = True
     return kw
 
 
