@@ -7,7 +7,7 @@ versions `worker_class` raises (0.5.23's DFlash worker differs too much: config-
 `kv_loc_plan`, no `ps`). Per decode round: the drafter runs one block of L tokens ([bonus, mask,
 ...]) exactly as SGLang's DFLASH does;
 the top-K log-probs of depths 1..D (drafter hidden -> target LM head) give the tree of N nodes
-(`fast/tree_build.build_tree`, on the device, no host sync, one CUDA graph per batch size:
+(`fast/tree_build.build_tree`, on the device, no host sync, one CUDA graph per batch bucket:
 `sglang_tree_stage`); `sglang_tree_input` lays it out as a
 `DFlashTreeVerifyInput`; SGLang's `run_eagle_verify` runs the target over the W = N + 1 tree tokens
 with the FULL custom mask, accepts the longest path (greedy / target-only sampling) and moves the
@@ -193,9 +193,22 @@ def worker_class() -> type:
             self.server_args = server_args  # the global args (W, K) everywhere else
             # DFLASH_TREE_PROFILE=N: per-phase round times in the log (sglang_tree_profile)
             self.profile = RoundProfile(profile_every(), torch.device(self.device))
-            # the tree phase: one CUDA graph per batch size (DFLASH_TREE_GRAPHS=0: eager)
+            # the tree phase: one CUDA graph per batch bucket (DFLASH_TREE_GRAPHS=0: eager)
             self.tree_stage = TreeStage(torch.device(self.device), self._tree_topk,
                                         self.plan.budget, self.plan.depth, graphs_enabled())
+            self._warm_tree_stage(server_args)
+
+        def _warm_tree_stage(self, server_args) -> None:
+            """Capture the tree phase for every batch bucket up to the running-request limit
+            now, not inside the first rounds of each batch size (see sglang_tree_stage)."""
+            limit = getattr(server_args, "max_running_requests", None) or \
+                getattr(server_args, "cuda_graph_max_bs_decode", None)
+            if not limit:
+                return  # no bound known: buckets are captured on first use
+            head = self.target_worker.model_runner.model.lm_head.weight
+            sizes = self.tree_stage.warm(int(limit), int(head.shape[1]), head.dtype)
+            if sizes:
+                logger.info("%s: tree phase captured for batch buckets %s", NAME, sizes)
 
         def _tree_topk(self, hidden):  # [bs, D, h] -> top-K log-probs, ids [bs, D, K]
             return tree_topk(hidden, self.target_worker.model_runner.model.lm_head,

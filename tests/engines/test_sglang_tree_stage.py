@@ -1,13 +1,14 @@
 """DFLASH_TREE's tree phase (`sglang_tree_stage.TreeStage`) without SGLang: the same verify
 tensors as the eager composition (top-K over an LM head, `build_tree`, `tree_parts`) at several
 batch sizes, rounds that reuse a batch size reading that round's inputs, and (gpu-marked) the
-same under CUDA-graph replay; the `DFLASH_TREE_GRAPHS` switch."""
+same under CUDA-graph replay (one graph per bucket of batch sizes, all captured by `warm`); the
+buckets; padded rows left from a larger batch; the `DFLASH_TREE_GRAPHS` switch."""
 
 import pytest
 import torch
 
 from dflash_plugin.engines.sglang_tree_input import tree_parts, with_mask
-from dflash_plugin.engines.sglang_tree_stage import ENV, TreeStage, graphs_enabled
+from dflash_plugin.engines.sglang_tree_stage import ENV, TreeStage, bucket, graphs_enabled
 from dflash_plugin.engines.sglang_tree_worker import tree_topk
 from dflash_plugin.errors import ConfigError
 from dflash_plugin.fast.tree_build import build_tree
@@ -64,8 +65,54 @@ def test_stage_equals_the_eager_phase_on_cpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_stage_equals_the_eager_phase_under_cuda_graphs():
     stage = _check(torch.device("cuda"), graphs=True)
-    assert stage.graphs.enabled and sorted(stage.graphs.graphs) == [("tree", 1), ("tree", 3),
-                                                                    ("tree", 5)]
+    assert stage.graphs.enabled and sorted(stage.graphs.graphs) == [("tree", 1), ("tree", 4),
+                                                                    ("tree", 8)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_warm_captures_every_bucket_and_rounds_capture_no_more():
+    device = torch.device("cuda")
+    depth, hidden_size, vocab, k, budget = 7, 32, 101, 3, 12
+    head = Head(vocab, hidden_size, device)
+    stage = TreeStage(device, lambda h: tree_topk(h, head, k), budget, depth)
+    assert stage.warm(11, hidden_size, torch.float32) == [1, 2, 4, 8, 16]
+    graphs = dict(stage.graphs.graphs)
+    for seed, bs in enumerate(range(1, 12)):
+        hidden, bonus, seq_lens = _round(bs, depth, hidden_size, vocab, seed, device)
+        got = stage.run(hidden, bonus, seq_lens)
+        want = _eager(hidden, bonus, seq_lens, head, k, budget, depth)
+        assert all(torch.equal(getattr(got, f), getattr(want, f)) for f in FIELDS), bs
+    assert stage.graphs.graphs == graphs  # the same graph objects: nothing captured again
+
+
+@pytest.mark.parametrize("bs,want", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (16, 16),
+                                     (17, 24), (33, 40)])
+def test_buckets(bs, want):
+    assert bucket(bs) == want
+
+
+def test_bucket_refuses_empty_batches():
+    with pytest.raises(ValueError, match="batch size must be >= 1, got 0"):
+        bucket(0)
+
+
+def test_padded_rows_do_not_leak_into_a_smaller_batch_on_cpu():
+    """A batch of 3 after one of 4 in the same bucket: row 4 holds the old round's inputs, the
+    outputs are cut to 3 rows and equal the eager phase of those 3 alone; warm is a no-op
+    without CUDA."""
+    device = torch.device("cpu")
+    depth, hidden_size, vocab, k, budget = 5, 16, 53, 2, 9
+    head = Head(vocab, hidden_size, device)
+    stage = TreeStage(device, lambda h: tree_topk(h, head, k), budget, depth)
+    assert stage.warm(8, hidden_size, torch.float32) == []
+    stage.run(*_round(4, depth, hidden_size, vocab, 1, device))
+    hidden, bonus, seq_lens = _round(3, depth, hidden_size, vocab, 2, device)
+    got = stage.run(hidden, bonus, seq_lens)
+    want = _eager(hidden, bonus, seq_lens, head, k, budget, depth)
+    for f in FIELDS:
+        assert torch.equal(getattr(got, f), getattr(want, f)), f
+    assert got.draft_token.shape == (3 * (budget + 1),) and got.anc.shape[0] == 3
 
 
 @pytest.mark.parametrize("raw,on", [(None, True), ("1", True), ("0", False), (" 0 ", False)])
