@@ -5,7 +5,11 @@ line with the mean milliseconds of each phase of those rounds on the GPU's timel
 events on the forward stream, so a phase's time includes the GPU's idle gaps while the host
 launches it): draft (the drafter's block forward), tree (top-K over the LM head, the tree build,
 SGLang's verify input), verify (`run_eagle_verify`: target forward, acceptance, tree-path
-compaction), append (the drafter's KV of the accepted path, the next draft input). Unset or 0:
+compaction), append (the drafter's KV of the accepted path, the next draft input); and, apart
+from the round's sum, "between": from the previous round's end to this round's start (the
+scheduler's work between rounds that the GPU waits for, plus any prefill run in between; the
+H200's fixture rows had 4.7 ms rounds on this timeline but 7.0 ms of wall time per round,
+2026-12-02). Unset or 0:
 off (no events, no syncs). A log line costs one device sync; profile only to measure.
 """
 
@@ -39,6 +43,8 @@ class RoundProfile:
     def __init__(self, every: int, device, log=logger.info):
         self.every, self.device, self.log = every, device, log
         self.pending: list[list] = []  # per round: len(PHASES) + 1 events
+        self.gaps: list[tuple] = []  # (previous round's end, this round's start) events
+        self.last_end = None
         self.lines: list[dict[str, float]] = []  # every logged line's means (tests, debugging)
 
     def start(self):
@@ -57,6 +63,9 @@ class RoundProfile:
         if ev is None:
             return
         self.pending.append(ev)
+        if self.last_end is not None:
+            self.gaps.append((self.last_end, ev[0]))
+        self.last_end = ev[-1]
         if len(self.pending) >= self.every:
             self.flush(batch)
 
@@ -68,8 +77,12 @@ class RoundProfile:
         n = len(self.pending)
         means = {p: sum(ev[i].elapsed_time(ev[i + 1]) for ev in self.pending) / n
                  for i, p in enumerate(PHASES)}
-        self.pending = []
+        round_ms = sum(means.values())
+        gaps = [a.elapsed_time(b) for a, b in self.gaps]
+        means["between"] = sum(gaps) / len(gaps) if gaps else float("nan")
+        self.pending, self.gaps = [], []
         self.lines.append(means)
-        self.log("DFLASH_TREE round profile (%d rounds, batch %d): %s; round %.3f ms", n, batch,
-                 " ".join(f"{p} {m:.3f}" for p, m in means.items()), sum(means.values()))
+        self.log("DFLASH_TREE round profile (%d rounds, batch %d): %s; round %.3f ms; "
+                 "between rounds %.3f ms", n, batch,
+                 " ".join(f"{p} {means[p]:.3f}" for p in PHASES), round_ms, means["between"])
         return means

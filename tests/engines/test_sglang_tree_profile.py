@@ -48,7 +48,8 @@ def test_one_line_per_n_rounds_with_phase_means():
         prof.end(ev, 3)
     assert len(lines) == 1 and len(prof.pending) == 1  # the third round waits for a fourth
     means = prof.lines[0]
-    assert list(means) == list(PHASES)
+    assert list(means) == [*PHASES, "between"]
+    assert 0 <= means["between"] < 1.0  # one gap (round 1 end -> round 2 start), no sleep
     assert means["draft"] == pytest.approx(3.0, abs=1.5)  # ms: (2 + 4) / 2
     assert means["verify"] == pytest.approx(4.0, abs=1.5)  # (6 + 2) / 2
     assert means["tree"] < 1.0 and means["append"] < 1.0
@@ -56,3 +57,14 @@ def test_one_line_per_n_rounds_with_phase_means():
     assert "DFLASH_TREE round profile" in fmt and (n, batch) == (2, 3)
     assert prof.flush(3)["draft"] == pytest.approx(1.0, abs=1.0)  # the pending third round
     assert prof.flush(3) == {} and len(lines) == 2
+
+
+def test_between_is_the_time_from_one_rounds_end_to_the_next_start():
+    prof = RoundProfile(3, CPU, log=lambda *a: None)
+    for wait in (0.0, 0.005, 0.003):  # the host's work between rounds
+        time.sleep(wait)
+        ev = prof.start()
+        for i in range(len(PHASES)):
+            prof.mark(ev, i)
+        prof.end(ev, 1)
+    assert prof.lines[0]["between"] == pytest.approx(4.0, abs=1.5)  # ms: (5 + 3) / 2
