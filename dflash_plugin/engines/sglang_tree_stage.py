@@ -50,6 +50,14 @@ def bucket(bs: int) -> int:
     return 1 << (bs - 1).bit_length() if bs <= 8 else -(-bs // 8) * 8
 
 
+WARM_MAX_BS = 256  # start-up captures stop here (35 graphs); larger buckets: on first use
+
+
+def warm_buckets(max_bs: int) -> list[int]:
+    """The buckets `TreeStage.warm` captures for a running-request limit of `max_bs`."""
+    return sorted({bucket(b) for b in range(1, min(max_bs, WARM_MAX_BS) + 1)})
+
+
 class TreeStage:
     """`run(hidden, bonus, seq_lens)` -> `TreeVerifyTensors` without the mask; `topk_fn(hidden)`
     gives `(top_lp, top_ids)` `[bs, D, K]` (the LM head's top-K); `budget` N, `depth` D."""
@@ -71,11 +79,11 @@ class TreeStage:
         return have
 
     def warm(self, max_bs: int, hidden_size: int, dtype: torch.dtype) -> list[int]:
-        """Capture every bucket up to `bucket(max_bs)` now (graphs on; else nothing): returns
+        """Capture the buckets of `warm_buckets(max_bs)` now (graphs on; else nothing): returns
         the buckets captured. Zero inputs: every captured tensor is rewritten by each run."""
         if not self.graphs.enabled:
             return []
-        sizes = sorted({bucket(b) for b in range(1, max_bs + 1)})
+        sizes = warm_buckets(max_bs)
         for pad in sizes:
             self.run(torch.zeros(pad, self.depth, hidden_size, dtype=dtype, device=self.device),
                      torch.zeros(pad, dtype=torch.long, device=self.device),

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from dflash_plugin.engines.sglang_tree_input import tree_parts, with_mask
-from dflash_plugin.engines.sglang_tree_stage import ENV, TreeStage, bucket, graphs_enabled
+from dflash_plugin.engines.sglang_tree_stage import (
+    ENV,
+    WARM_MAX_BS,
+    TreeStage,
+    bucket,
+    graphs_enabled,
+    warm_buckets,
+)
 from dflash_plugin.engines.sglang_tree_worker import tree_topk
 from dflash_plugin.errors import ConfigError
 from dflash_plugin.fast.tree_build import build_tree
@@ -90,6 +97,13 @@ def test_warm_captures_every_bucket_and_rounds_capture_no_more():
                                      (17, 24), (33, 40)])
 def test_buckets(bs, want):
     assert bucket(bs) == want
+
+
+def test_start_up_captures_stop_at_a_cap():
+    """A server with thousands of running requests captures 35 buckets at start-up, not 515."""
+    assert warm_buckets(11) == [1, 2, 4, 8, 16]
+    assert warm_buckets(4096) == warm_buckets(WARM_MAX_BS)
+    assert len(warm_buckets(4096)) == 3 + WARM_MAX_BS // 8 == 35
 
 
 def test_bucket_refuses_empty_batches():
