@@ -49,8 +49,9 @@ class SpecFold(Spiffy):
         self.delta = parse_specfold_config(config.algorithm_config, block_size=config.block_size,
                                            mask_id=config.mask_id).delta
         # delta > 0: folded draft rows hold approximate K/V, so a final canvas is persisted by
-        # SGLang's own forward (dense, as the reference commits it), never copied from a draft.
-        self.exact_draft_kv = self.delta == 0
+        # SGLang's own forward (dense, as the reference commits it), never copied from a draft
+        # (nor with SPIFFY_COPY_DRAFT_KV=0, read by Spiffy's __init__).
+        self.exact_draft_kv = self.exact_draft_kv and self.delta == 0
         self.layers = 0  # wrapped SDAR layers (0 until the first run, or on another model)
         self.fold: FoldStats | None = None  # over every forward with drafts
         # Verification aid: SPECDEC_SPECFOLD_DUMP=DIR saves the first DUMPS forwards with drafts

@@ -26,6 +26,22 @@ FIELD = "--dllm-algorithm-config"
 TOP_K_ALL = 1 << 30
 
 
+COPY_KV_ENV = "SPIFFY_COPY_DRAFT_KV"
+
+
+def copy_draft_kv(environ=None) -> bool:
+    """`SPIFFY_COPY_DRAFT_KV` (server environment): 1 (default) lets a block whose last step a
+    draft row verified take its final canvas's K/V from that row; 0 spends one more forward to
+    write them (the one-step loop's own way), for diagnosis. A clear error for other values."""
+    import os
+
+    raw = (os.environ if environ is None else environ).get(COPY_KV_ENV, "1").strip() or "1"
+    if raw not in ("0", "1"):
+        raise ConfigError(COPY_KV_ENV, f"must be 0 or 1 (copy a verified draft row's K/V), "
+                                       f"got {raw!r}")
+    return raw == "1"
+
+
 def rule_params(rule: str) -> DecodeParams:
     """DecodeParams of a graph's `rule` ("vanilla-S" or "threshold-T"), greedy."""
     kind, _, value = rule.partition("-")

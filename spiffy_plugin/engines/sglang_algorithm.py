@@ -30,7 +30,7 @@ from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
 from ..params import DecodeParams
-from .sglang import parse_spiffy_config, request_params, unsupported_sampling
+from .sglang import copy_draft_kv, parse_spiffy_config, request_params, unsupported_sampling
 from .sglang_batch import DraftRows, extend_batch, unsupported
 from .sglang_drafts import CanvasState, Draft, Streams, advance, drafts_to_score
 
@@ -123,6 +123,8 @@ class Spiffy(DllmAlgorithm):
 
     def __init__(self, config: DllmConfig):
         super().__init__(config)
+        # SPIFFY_COPY_DRAFT_KV=0: no copy (SpecFold's folded rows never copy)
+        self.exact_draft_kv = type(self).exact_draft_kv and copy_draft_kv()
         self.cfg = self.parse(config.algorithm_config, block_size=config.block_size,
                               mask_id=config.mask_id)
         # forwards: all (prompt blocks too); blocks / steps / accepted: denoised blocks only

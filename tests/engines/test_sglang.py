@@ -190,3 +190,19 @@ def test_config_parser_without_sglang(tmp_path):
     assert (fold.delta, fold.spiffy.keep) == (0.2, 1)
     with pytest.raises(ConfigError, match=r"delta: must be >= 0, got -0.1"):
         parse_specfold_config({"graph": str(path), "delta": -0.1}, block_size=16, mask_id=2)
+
+
+@pytest.mark.parametrize("raw,on", [(None, True), ("1", True), ("0", False), (" 0 ", False)])
+def test_copy_draft_kv_switch(raw, on):
+    from spiffy_plugin.engines.sglang import COPY_KV_ENV, copy_draft_kv
+
+    assert copy_draft_kv({} if raw is None else {COPY_KV_ENV: raw}) is on
+
+
+@pytest.mark.parametrize("raw", ["2", "yes", "-1"])
+def test_copy_draft_kv_switch_refuses_other_values(raw):
+    from spiffy_plugin.engines.sglang import COPY_KV_ENV, copy_draft_kv
+    from spiffy_plugin.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"{COPY_KV_ENV}: must be 0 or 1.*{raw!r}"):
+        copy_draft_kv({COPY_KV_ENV: raw})

@@ -154,13 +154,16 @@ def model(sdar_dir):
     return AutoModelForCausalLM.from_pretrained(sdar_dir, dtype=torch.float32).eval()
 
 
-@pytest.mark.parametrize("fdfo", [False, True])
+@pytest.mark.parametrize("fdfo,copy_kv", [(False, "1"), (True, "1"), (True, "0")])
 def test_sglang_loops_with_spiffy_drafts_match_reference(sdar_dir, graph_path, tmp_path, model,
-                                                         fdfo):
+                                                         fdfo, copy_kv, monkeypatch):
+    """copy_kv "0": SPIFFY_COPY_DRAFT_KV=0, a verified block's K/V written by a forward of its
+    own instead of copied from the draft row (close_block checks them either way)."""
     from transformers import AutoTokenizer
 
     from dflash_plugin.training.data import load_prompts_jsonl
 
+    monkeypatch.setenv("SPIFFY_COPY_DRAFT_KV", copy_kv)
     config = DllmConfig.from_server_args(server_args(sdar_dir, "Spiffy", {"graph": graph_path},
                                                      tmp_path))
     config.first_done_first_out_mode = fdfo

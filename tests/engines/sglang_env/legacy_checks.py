@@ -133,7 +133,7 @@ def test_legacy_sglang_loops_with_spiffy_drafts_match_reference(sdar_dir, graph_
 
     model = AutoModelForCausalLM.from_pretrained(sdar_dir, dtype=torch.float32).eval()
     ci.test_sglang_loops_with_spiffy_drafts_match_reference(sdar_dir, graph_path, tmp_path,
-                                                            model, fdfo)
+                                                            model, fdfo, "1", monkeypatch)
 
 
 def test_transformers_5_12_runs_our_core_packages():
