@@ -9,7 +9,9 @@ compaction), append (the drafter's KV of the accepted path, the next draft input
 from the round's sum, "between": from the previous round's end to this round's start (the
 scheduler's work between rounds that the GPU waits for, plus any prefill run in between; the
 H200's fixture rows had 4.7 ms rounds on this timeline but 7.0 ms of wall time per round,
-2026-12-02). Unset or 0:
+2026-12-02). The same line gives each phase's host time (the Python that launches it, from
+`time.perf_counter`): a phase whose host time exceeds its GPU time keeps the GPU waiting when
+the scheduler overlaps rounds. Unset or 0:
 off (no events, no syncs). A log line costs one device sync; profile only to measure.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 from ..errors import ConfigError
 from ..fast.graphs import _event, _sync
@@ -43,6 +46,7 @@ class RoundProfile:
     def __init__(self, every: int, device, log=logger.info):
         self.every, self.device, self.log = every, device, log
         self.pending: list[list] = []  # per round: len(PHASES) + 1 events
+        self.host: list[list[float]] = []  # per round: len(PHASES) + 1 perf_counter times
         self.gaps: list[tuple] = []  # (previous round's end, this round's start) events
         self.last_end = None
         self.lines: list[dict[str, float]] = []  # every logged line's means (tests, debugging)
@@ -51,17 +55,21 @@ class RoundProfile:
         if not self.every:
             return None
         ev = [_event(self.device) for _ in range(len(PHASES) + 1)]
+        ev.append([0.0] * (len(PHASES) + 1))  # the host times, last
         ev[0].record()
+        ev[-1][0] = time.perf_counter()
         return ev
 
     @staticmethod
     def mark(ev, phase: int) -> None:
         if ev is not None:
             ev[phase + 1].record()
+            ev[-1][phase + 1] = time.perf_counter()
 
     def end(self, ev, batch: int) -> None:
         if ev is None:
             return
+        self.host.append(ev.pop())
         self.pending.append(ev)
         if self.last_end is not None:
             self.gaps.append((self.last_end, ev[0]))
@@ -80,9 +88,12 @@ class RoundProfile:
         round_ms = sum(means.values())
         gaps = [a.elapsed_time(b) for a, b in self.gaps]
         means["between"] = sum(gaps) / len(gaps) if gaps else float("nan")
-        self.pending, self.gaps = [], []
+        for i, p in enumerate(PHASES):
+            means[f"host_{p}"] = sum(1e3 * (t[i + 1] - t[i]) for t in self.host) / n
+        self.pending, self.gaps, self.host = [], [], []
         self.lines.append(means)
         self.log("DFLASH_TREE round profile (%d rounds, batch %d): %s; round %.3f ms; "
-                 "between rounds %.3f ms", n, batch,
-                 " ".join(f"{p} {means[p]:.3f}" for p in PHASES), round_ms, means["between"])
+                 "between rounds %.3f ms; host %s", n, batch,
+                 " ".join(f"{p} {means[p]:.3f}" for p in PHASES), round_ms, means["between"],
+                 " ".join(f"{p} {means['host_' + p]:.3f}" for p in PHASES))
         return means
