@@ -14,7 +14,9 @@ with the FULL custom mask, accepts the longest path (greedy / target-only sampli
 accepted path's target KV and hidden states to the front; the drafter KV of that path is then
 appended (KV injection) from the compacted hidden states. Prefill and idle rounds are DFLASH's.
 `register_hooks` installs one HookRegistry AROUND hook so the target's verify CUDA graphs are
-captured with the tree-mask buffer (DFLASH's capture input has none). """
+captured with the tree-mask buffer (DFLASH's capture input has none). The tree phase and the
+drafter-KV append replay one CUDA graph per batch bucket (`sglang_tree_stage`,
+`sglang_tree_append`). """
 
 from __future__ import annotations
 
@@ -25,11 +27,13 @@ from functools import cache
 
 import torch
 
+from .sglang_buckets import graphs_enabled
 from .sglang_checks import sglang_version
 from .sglang_tree_algo import NAME, WORKER_VERSIONS, TreeArgs, check_tree_args
+from .sglang_tree_append import AppendStage, accepted_path
 from .sglang_tree_input import make_verify_input, with_mask
 from .sglang_tree_profile import RoundProfile, profile_every
-from .sglang_tree_stage import TreeStage, graphs_enabled
+from .sglang_tree_stage import TreeStage
 
 logger = logging.getLogger(__name__)
 
@@ -125,23 +129,6 @@ def draft_block_forward_batch(*, block_ids, positions, cache_loc, req_pool_indic
         capture_hidden_mode=CaptureHiddenMode.NULL)
 
 
-def accepted_path_kv_args(hidden: torch.Tensor, verify_cache_loc: torch.Tensor,
-                          prefix: torch.Tensor, commit: torch.Tensor, width: int,
-                          depth1: int) -> dict:
-    """Keyword arguments of DFLASH's `_append_target_hidden_to_draft_kv_by_loc` for the accepted
-    path after SGLang's tree compaction: the first `depth1` (= D + 1) rows of each request's
-    verify block (hidden states `[bs * W, h]`, slots `verify_cache_loc` `[bs * W]` = the verify's
-    `out_cache_loc`, i.e. `req_to_token[prefix : prefix + W]`), positions prefix + 0..D, and the
-    commit lengths (accepted drafts + bonus) that bound the prefix-valid write."""
-    bs = int(prefix.shape[0])
-    hid = hidden.view(bs, width, -1)[:, :depth1]
-    loc = verify_cache_loc.view(bs, width)[:, :depth1].to(torch.int64)
-    pos = prefix.to(torch.int64)[:, None] + torch.arange(depth1, device=prefix.device)
-    return dict(target_hidden=hid.reshape(-1, hid.shape[-1]), cache_loc=loc.reshape(-1),
-                cache_loc_2d=loc.contiguous(), positions=pos.reshape(-1),
-                commit_lens=commit.to(torch.int32))
-
-
 def republish_read_done(model_runner, device) -> None:
     """Move the target runner's WAR read-done event to *now* (after SGLang's tree compaction).
 
@@ -193,22 +180,42 @@ def worker_class() -> type:
             self.server_args = server_args  # the global args (W, K) everywhere else
             # DFLASH_TREE_PROFILE=N: per-phase round times in the log (sglang_tree_profile)
             self.profile = RoundProfile(profile_every(), torch.device(self.device))
-            # the tree phase: one CUDA graph per batch bucket (DFLASH_TREE_GRAPHS=0: eager)
-            self.tree_stage = TreeStage(torch.device(self.device), self._tree_topk,
-                                        self.plan.budget, self.plan.depth, graphs_enabled())
-            self._warm_tree_stage(server_args)
+            self._graph_logged, self._draft_graph = set(), False  # for the profile's log
+            # the tree phase and the drafter-KV append: one CUDA graph per batch bucket each
+            # (DFLASH_TREE_GRAPHS=0: eager)
+            device, graphs = torch.device(self.device), graphs_enabled()
+            self.tree_stage = TreeStage(device, self._tree_topk, self.plan.budget,
+                                        self.plan.depth, graphs)
+            self.append_stage = AppendStage(
+                device, self._append_target_hidden_to_draft_kv_by_loc, graphs,
+                keep=self._append_workspaces)
+            self._warm_stages(server_args)
 
-        def _warm_tree_stage(self, server_args) -> None:
-            """Capture the tree phase for every batch bucket up to the running-request limit
-            now, not inside the first rounds of each batch size (see sglang_tree_stage)."""
+        def _warm_stages(self, server_args) -> None:
+            """Capture both phases for every batch bucket up to the running-request limit now,
+            not inside the first rounds of each batch size (see sglang_buckets)."""
             limit = getattr(server_args, "max_running_requests", None) or \
                 getattr(server_args, "cuda_graph_max_bs_decode", None)
             if not limit:
                 return  # no bound known: buckets are captured on first use
             head = self.target_worker.model_runner.model.lm_head.weight
             sizes = self.tree_stage.warm(int(limit), int(head.shape[1]), head.dtype)
-            if sizes:
-                logger.info("%s: tree phase captured for batch buckets %s", NAME, sizes)
+            fc = getattr(self.draft_model, "fc", None)  # projects the target's hidden states
+            sizes_a = [] if fc is None else self.append_stage.warm(
+                int(limit), self.plan.depth + 1, int(fc.in_features), fc.weight.dtype)
+            if sizes or sizes_a:
+                logger.info("%s: tree phase captured for batch buckets %s, drafter-KV append "
+                            "for %s", NAME, sizes, sizes_a)
+
+        def _append_workspaces(self):
+            """What a captured append reads but DFLASH's fused-KV helper may replace later
+            (its workspaces grow on a larger prefill; 0.5.16 `fused_kv_materialize.py`)."""
+            h = getattr(self, "_fused_kv_helper", None)
+            if h is None:
+                return []
+            rope = getattr(getattr(h, "rotary_emb", None), "cos_sin_cache", None)
+            return [getattr(h, a, None) for a in ("_proj_workspace", "_k_workspace",
+                                                   "_v_workspace")] + [rope]
 
         def _tree_topk(self, hidden):  # [bs, D, h] -> top-K log-probs, ids [bs, D, K]
             return tree_topk(hidden, self.target_worker.model_runner.model.lm_head,
@@ -252,6 +259,7 @@ def worker_class() -> type:
                 spec_info=self._draft_block_spec_info)
             with torch.inference_mode():
                 out = self.draft_model_runner.forward(fb)
+            self._draft_graph = bool(getattr(out, "can_run_graph", False))
             hidden = out.logits_output.hidden_states
             if hidden is None:
                 raise RuntimeError(f"{NAME}: the drafter returned no hidden states")
@@ -318,8 +326,8 @@ def worker_class() -> type:
             hid = result.logits_output.hidden_states
             if hid is None:
                 raise RuntimeError(f"{NAME}: verify returned no target hidden states")
-            self._append_target_hidden_to_draft_kv_by_loc(**accepted_path_kv_args(
-                hid, batch.out_cache_loc, prefix, commit, p.width, p.depth + 1))
+            self.append_stage.run(*accepted_path(hid, batch.out_cache_loc, prefix, commit,
+                                                 p.width, p.depth + 1))
             result.logits_output.hidden_states = None
             bonus = result.next_draft_input.bonus_tokens.to(torch.int64)
             result.next_draft_input = self._make_next_draft_input_decode(
@@ -327,6 +335,11 @@ def worker_class() -> type:
             result.new_seq_lens = new_seq_lens
             result.accept_lens = commit
             self.profile.mark(ev, 3)
+            if ev is not None and len(batch.seq_lens) not in self._graph_logged:
+                self._graph_logged.add(len(batch.seq_lens))
+                logger.info("%s profile, batch %d: drafter CUDA graph %s, target verify CUDA "
+                            "graph %s", NAME, len(batch.seq_lens), self._draft_graph,
+                            bool(getattr(result, "can_run_cuda_graph", False)))
             self.profile.end(ev, len(batch.seq_lens))
             return result
 

@@ -7,15 +7,15 @@ buckets; padded rows left from a larger batch; the `DFLASH_TREE_GRAPHS` switch."
 import pytest
 import torch
 
-from dflash_plugin.engines.sglang_tree_input import tree_parts, with_mask
-from dflash_plugin.engines.sglang_tree_stage import (
+from dflash_plugin.engines.sglang_buckets import (
     ENV,
     WARM_MAX_BS,
-    TreeStage,
     bucket,
     graphs_enabled,
     warm_buckets,
 )
+from dflash_plugin.engines.sglang_tree_input import tree_parts, with_mask
+from dflash_plugin.engines.sglang_tree_stage import TreeStage
 from dflash_plugin.engines.sglang_tree_worker import tree_topk
 from dflash_plugin.errors import ConfigError
 from dflash_plugin.fast.tree_build import build_tree
@@ -65,15 +65,14 @@ def _check(device, graphs):
 
 def test_stage_equals_the_eager_phase_on_cpu():
     stage = _check(torch.device("cpu"), graphs=True)  # off CUDA: eager whatever asked
-    assert not stage.graphs.enabled and stage.graphs.graphs == {}
+    assert not stage.graphs.enabled and stage.graphs.graphs.graphs == {}
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_stage_equals_the_eager_phase_under_cuda_graphs():
     stage = _check(torch.device("cuda"), graphs=True)
-    assert stage.graphs.enabled and sorted(stage.graphs.graphs) == [("tree", 1), ("tree", 4),
-                                                                    ("tree", 8)]
+    assert stage.graphs.enabled and sorted(stage.graphs.graphs.graphs) == [(1,), (4,), (8,)]
 
 
 @pytest.mark.gpu
@@ -84,13 +83,13 @@ def test_warm_captures_every_bucket_and_rounds_capture_no_more():
     head = Head(vocab, hidden_size, device)
     stage = TreeStage(device, lambda h: tree_topk(h, head, k), budget, depth)
     assert stage.warm(11, hidden_size, torch.float32) == [1, 2, 4, 8, 16]
-    graphs = dict(stage.graphs.graphs)
+    graphs = dict(stage.graphs.graphs.graphs)
     for seed, bs in enumerate(range(1, 12)):
         hidden, bonus, seq_lens = _round(bs, depth, hidden_size, vocab, seed, device)
         got = stage.run(hidden, bonus, seq_lens)
         want = _eager(hidden, bonus, seq_lens, head, k, budget, depth)
         assert all(torch.equal(getattr(got, f), getattr(want, f)) for f in FIELDS), bs
-    assert stage.graphs.graphs == graphs  # the same graph objects: nothing captured again
+    assert stage.graphs.graphs.graphs == graphs  # the same graph objects: nothing captured again
 
 
 @pytest.mark.parametrize("bs,want", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (16, 16),

@@ -338,14 +338,14 @@ def test_verify_tensor_dtypes_match_sglang_eagle_inputs():
 @pytest.mark.parametrize("bs,g,k,n", [(3, 7, 3, 16), (1, 4, 2, 5)])
 def test_compaction_then_drafter_kv_args_pass_sglang(bs, g, k, n):
     """SGLang's greedy tree verify (its Triton kernel, interpreted) -> SGLang's own
-    `_compact_accept_to_front` on the verify's hidden states -> our `accepted_path_kv_args`:
-    the first commit rows are the accepted path's hidden states at consecutive positions and
-    slots; DFLASH's `_append_target_hidden_to_draft_kv_by_loc` accepts those arguments (its
-    checks run until the drafter projection, where a stand-in stops it)."""
+    `_compact_accept_to_front` on the verify's hidden states -> our `accepted_path` and
+    `append_kwargs`: the first commit rows are the accepted path's hidden states at consecutive
+    positions and slots; DFLASH's `_append_target_hidden_to_draft_kv_by_loc` accepts those
+    arguments (its checks run until the drafter projection, where a stand-in stops it)."""
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
     from sglang.srt.speculative.eagle_worker_common import _compact_accept_to_front
 
-    from dflash_plugin.engines.sglang_tree_worker import accepted_path_kv_args
+    from dflash_plugin.engines.sglang_tree_append import accepted_path, append_kwargs
 
     vocab, w = 61, n + 1
     gen = torch.Generator().manual_seed(bs * 10 + n)
@@ -365,7 +365,7 @@ def test_compaction_then_drafter_kv_args_pass_sglang(bs, g, k, n):
     compact = _compact_accept_to_front(hidden, accept_index, bs, num_draft_tokens=w)
     slots = 1000 + torch.arange(bs * w)  # the verify's out_cache_loc
     commit = accept_num + 1
-    kw = accepted_path_kv_args(compact, slots, seq_lens, commit, w, g + 1)
+    kw = append_kwargs(*accepted_path(compact, slots, seq_lens, commit, w, g + 1))
     for b in range(bs):
         a = int(commit[b])
         rows = kw["target_hidden"].view(bs, g + 1, 3)[b, :a, 0].long().tolist()
