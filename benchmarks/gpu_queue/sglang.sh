@@ -8,7 +8,8 @@
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} SGLANG_PLUGINS=${SGLANG_PLUGINS:-dflash_plugin}
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+unset SGLANG_PLUGINS  # every plugin of ours loads (dflash_plugin alone left Spiffy unregistered)
 t0=$(date +%s)
 step() {  # step NAME LIMIT_S CMD...: one line per step in $R/queue.log, its output in NAME.log
   local name=$1 limit=$2; shift 2
@@ -35,9 +36,10 @@ step dllm-spiffy-nocopy 300 env SPIFFY_COPY_DRAFT_KV=0 python3 benchmarks/gpu_dl
 # 3. where a tree round's time goes (buckets captured at start; the gap between rounds), 1 and 8
 step profile 300 env DFLASH_TREE_PROFILE=50 python3 $T run --mode tree32 --prompts 8 \
     --max-new-tokens 128 --out "$R/tree-graphs"
-# 4. the tree round at the Qwen3-8B shape (DFLASH's: 6.52 ms, plain 5.12 ms on 2026-12-02)
+# 4. the tree round at the Qwen3-8B shape (2026-12-02: tree 10.42 ms, DFLASH 6.52 ms, plain
+#    5.12 ms), with the per-phase profile this time
 E=$R/gpu-engines
-step round-tree 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang --mode tree \
+step round-tree 400 env DFLASH_TREE_PROFILE=20 python3 benchmarks/gpu_engines.py round-cost --engine sglang --mode tree \
     --num-spec-tokens 32 --no-prefill-graphs --shape qwen3-8b --out "$E/round-sglang-tree.json"
 # 5. DFLASH_TREE in the warmed harness at T = 0 and 1, 32 and 64 nodes (check T = 0 rows with
 #    greedy_margins.py on CPU)
