@@ -243,7 +243,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--dtype", default="bfloat16",
                    help="float32 needs --eager --attention-backend triton: with CUDA graphs "
                         "SGLang forces flashinfer for dLLMs, which has no fp32 kernels")
-    r.add_argument("--attention-backend", default=None, help="SGLang's (default: its own)")
+    r.add_argument("--attention-backend", default=None,
+                   help="SGLang's (default: its own with graphs, i.e. flashinfer for dLLMs; "
+                        "flashinfer with --eager, where SGLang's Hopper default fa3 cannot run "
+                        "dLLM forwards: H200, 2026-12-02)")
     r.add_argument("--deterministic", action="store_true",
                    help="SGLang's enable_deterministic_inference (batch-invariant kernels); "
                         "on the H200 (0.5.16, 2026-12-02) it crashed LowConfidence itself")
@@ -261,6 +264,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--dtype {args.dtype}: needs --eager --attention-backend triton (with CUDA "
                 "graphs SGLang forces flashinfer for dLLMs; flashinfer and fa3 have no fp32 "
                 "kernels; SGLang 0.5.16's rmsnorm has none on CUDA either)")
+    if getattr(args, "func", None) is cmd_run and args.eager and args.attention_backend is None:
+        args.attention_backend = "flashinfer"  # what SGLang itself picks for dLLMs with graphs
     return args
 
 

@@ -75,6 +75,9 @@ def test_dllm_fp32_needs_eager_triton_and_deterministic_reaches_sglang(scripts):
                                    "triton"])
     assert args.attention_backend == "triton" and not args.deterministic
     assert dllm.parse_args(base + ["--deterministic"]).deterministic
+    # eager dLLM rows default to flashinfer (SGLang's Hopper default fa3 cannot run them)
+    assert dllm.parse_args(base + ["--eager"]).attention_backend == "flashinfer"
+    assert dllm.parse_args(base).attention_backend is None  # graphs: SGLang's own choice
     kw = sglang_kwargs(EngineSpec(engine="sglang", target="t", draft=None, deterministic=True,
                                   attention_backend="triton"))
     assert kw["enable_deterministic_inference"] and kw["attention_backend"] == "triton"

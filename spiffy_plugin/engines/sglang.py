@@ -192,6 +192,25 @@ def checkpoint_defaults(hf_config: Any, algorithm_config: dict) -> tuple[int | N
     return int(mask), (None if "block_size" in algorithm_config or block is None else int(block))
 
 
+def eager_dllm_unsupported(model_runner) -> str | None:
+    """Why SGLang cannot run this server's dLLM forwards at all, or None. With no CUDA graph
+    runner every DLLM_EXTEND forward runs eagerly, and SGLang's FlashAttention backend (fa3/fa4,
+    its default on Hopper) plans no attention metadata for that mode outside a graph (0.5.16 to
+    0.5.23: `FlashAttentionBackend.init_forward_metadata` has no DLLM_EXTEND branch), so its
+    kernel fails at the first forward ("batch_size must be equal to batch_size_k"), with draft
+    rows or without. SGLang moves dLLM to flashinfer itself only when CUDA graphs are on."""
+    graphs = getattr(model_runner, "decode_cuda_graph_runner", None)
+    if graphs is not None and graphs is not getattr(model_runner, "eager_runner", None):
+        return None
+    backend = getattr(model_runner, "attn_backend", None)
+    backend = getattr(backend, "prefill_backend", backend)  # hybrid: extends use its prefill one
+    if not any(c.__name__ == "FlashAttentionBackend" for c in type(backend).__mro__):
+        return None
+    return ("SGLang's FlashAttention backend (fa3/fa4, its default on Hopper) cannot run dLLM "
+            "forwards without CUDA graphs (it plans no attention metadata for them); pass "
+            "--attention-backend flashinfer (or triton), or leave CUDA graphs on")
+
+
 # --- registration (SGLang imported only from here on, inside functions) -----------------------
 ALGORITHMS: dict[str, str] = {}  # --dllm-algorithm name -> "module:Class"; filled by register
 PARSERS: dict[str, str] = {}  # name -> "module:function" of its SGLang-free config parser

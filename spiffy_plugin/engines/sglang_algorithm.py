@@ -29,8 +29,15 @@ import torch
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
+from ..errors import require
 from ..params import DecodeParams
-from .sglang import copy_draft_kv, parse_spiffy_config, request_params, unsupported_sampling
+from .sglang import (
+    copy_draft_kv,
+    eager_dllm_unsupported,
+    parse_spiffy_config,
+    request_params,
+    unsupported_sampling,
+)
 from .sglang_batch import DraftRows, extend_batch, unsupported
 from .sglang_drafts import CanvasState, Draft, Streams, advance, drafts_to_score
 
@@ -206,6 +213,8 @@ class Spiffy(DllmAlgorithm):
 
     def run(self, model_runner, forward_batch, algo_states=None):
         """SGLang's own loop over a `Scorer`; draft rows are freed when it ends, errors too."""
+        why = eager_dllm_unsupported(model_runner)
+        require(why is None, "--attention-backend", why)
         self._scorer = Scorer(self, model_runner)
         if not HANDS_STATES and self.fdfo:  # the states SGLang's FDFO loop would build
             algo_states = self._carried_states(forward_batch, algo_states)
