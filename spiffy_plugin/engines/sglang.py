@@ -30,12 +30,17 @@ COPY_KV_ENV = "SPIFFY_COPY_DRAFT_KV"
 
 
 def copy_draft_kv(environ=None) -> bool:
-    """`SPIFFY_COPY_DRAFT_KV` (server environment): 1 (default) lets a block whose last step a
-    draft row verified take its final canvas's K/V from that row; 0 spends one more forward to
-    write them (the one-step loop's own way), for diagnosis. A clear error for other values."""
+    """`SPIFFY_COPY_DRAFT_KV` (server environment): 0 (default) writes a finished block's K/V
+    with one more forward (the one-step loop's own way); 1 lets a block whose last step a draft
+    row verified take its final canvas's K/V from that row instead. Off by default since the
+    H200 run of 2026-12-02 (SGLang 0.5.16, bf16, CUDA graphs, 8 requests): with the copy, one
+    token of 2,048 was 4.15 nats off one-step decoding, twice in two runs; without it every token
+    followed one-step decoding (at most 0.021, rounding) and the rows ran faster (340 / 607 vs
+    261 / 490 tok/s at 1 / 8 requests). On SGLang's CPU server (fp32) both are exact. A clear
+    error for other values."""
     import os
 
-    raw = (os.environ if environ is None else environ).get(COPY_KV_ENV, "1").strip() or "1"
+    raw = (os.environ if environ is None else environ).get(COPY_KV_ENV, "0").strip() or "0"
     if raw not in ("0", "1"):
         raise ConfigError(COPY_KV_ENV, f"must be 0 or 1 (copy a verified draft row's K/V), "
                                        f"got {raw!r}")

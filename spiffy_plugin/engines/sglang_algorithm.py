@@ -130,7 +130,7 @@ class Spiffy(DllmAlgorithm):
 
     def __init__(self, config: DllmConfig):
         super().__init__(config)
-        # SPIFFY_COPY_DRAFT_KV=0: no copy (SpecFold's folded rows never copy)
+        # copy only with SPIFFY_COPY_DRAFT_KV=1 (SpecFold's folded rows never copy)
         self.exact_draft_kv = type(self).exact_draft_kv and copy_draft_kv()
         self.cfg = self.parse(config.algorithm_config, block_size=config.block_size,
                               mask_id=config.mask_id)
