@@ -19,21 +19,23 @@ step() {  # step NAME LIMIT_S CMD...: one line per step in $R/queue.log, its out
 T=benchmarks/gpu_tree_sglang.py
 # 1. the tree phase's CUDA graphs (one per batch bucket, `warm`) equal the eager phase (no engine;
 #    seconds); if not, the later tree steps run the eager tree phase (DFLASH_TREE_GRAPHS=0)
-step stage 120 python3 -m pytest -q -m gpu tests/engines/test_sglang_tree_stage.py -p no:cacheprovider
+step stage 120 python3 -m pytest -q -m gpu tests/engines/test_sglang_tree_stage.py \
+    tests/engines/test_sglang_tree_append.py -p no:cacheprovider
 grep -q "stage rc=0" "$R/queue.log" || { export DFLASH_TREE_GRAPHS=0; echo "tree graphs off" | tee -a "$R/queue.log"; }
-# 2. Spiffy at 8 requests deviated from one-step decoding once on 2026-12-01 (graphs on; 4.15 nats,
-#    greedy_margins.py): the same rows with graphs on, off, and on without copying a verified
-#    draft row's K/V (SPIFFY_COPY_DRAFT_KV=0), checked afterwards on CPU with
-#    `greedy_margins.py --target examples/fixtures/code-dllm --runs $D/*.json`
+# 2. Spiffy at 8 requests: with the draft-row K/V copy (SPIFFY_COPY_DRAFT_KV=1) one token was
+#    4.15 nats off one-step decoding (2026-12-01 and -02), without it (now the default) none. Rows:
+#    the default with graphs, graphs off (flashinfer: fa3 cannot run dLLMs eagerly), the copy
+#    again; check on CPU: `greedy_margins.py --target examples/fixtures/code-dllm --runs $D/*.json`
 W=${W:-/tmp/dllm-work}; D=$R/gpu-dllm
 step dllm-prepare 120 python3 benchmarks/gpu_dllm.py prepare --work "$W"
 step dllm-spiffy 300 python3 benchmarks/gpu_dllm.py run --work "$W" --algorithm Spiffy \
     --out "$D/spiffy.json"
 step dllm-spiffy-eager 300 python3 benchmarks/gpu_dllm.py run --work "$W" --algorithm Spiffy \
     --eager --out "$D/spiffy-eager.json"
-step dllm-spiffy-nocopy 300 env SPIFFY_COPY_DRAFT_KV=0 python3 benchmarks/gpu_dllm.py run \
-    --work "$W" --algorithm Spiffy --out "$D/spiffy-nocopy.json"
-# 3. where a tree round's time goes (buckets captured at start; the gap between rounds), 1 and 8
+step dllm-spiffy-copy 300 env SPIFFY_COPY_DRAFT_KV=1 python3 benchmarks/gpu_dllm.py run \
+    --work "$W" --algorithm Spiffy --out "$D/spiffy-copy.json"
+# 3. where a tree round's time goes (tree phase and drafter-KV append graphed, captured at start;
+#    2026-12-02: every phase host-bound, the eager append 1.2 ms), 1 and 8 requests
 step profile 300 env DFLASH_TREE_PROFILE=50 python3 $T run --mode tree32 --prompts 8 \
     --max-new-tokens 128 --out "$R/tree-graphs"
 # 4. the tree round at the Qwen3-8B shape (2026-12-02: tree 10.42 ms, DFLASH 6.52 ms, plain
