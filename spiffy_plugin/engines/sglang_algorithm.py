@@ -137,6 +137,7 @@ class Spiffy(DllmAlgorithm):
         # forwards: all (prompt blocks too); blocks / steps / accepted: denoised blocks only
         self.totals = {"forwards": 0, "blocks": 0, "steps": 0, "accepted": 0}
         self._warned: set[str] = set()
+        self._runner_checked = None  # the model runner `eager_dllm_unsupported` has passed
         self.streams = Streams(self.cfg.seed)
         logger.info("%s: graph %s (D=%d, D*=%d, rule %s); each forward scores the root and up "
                     "to D* draft blocks", type(self).__name__, self.cfg.graph_path,
@@ -213,8 +214,10 @@ class Spiffy(DllmAlgorithm):
 
     def run(self, model_runner, forward_batch, algo_states=None):
         """SGLang's own loop over a `Scorer`; draft rows are freed when it ends, errors too."""
-        why = eager_dllm_unsupported(model_runner)
-        require(why is None, "--attention-backend", why)
+        if self._runner_checked is not model_runner:  # once per runner, not every forward loop
+            why = eager_dllm_unsupported(model_runner)
+            require(why is None, "--attention-backend", why)
+            self._runner_checked = model_runner
         self._scorer = Scorer(self, model_runner)
         if not HANDS_STATES and self.fdfo:  # the states SGLang's FDFO loop would build
             algo_states = self._carried_states(forward_batch, algo_states)
