@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_shape, check_tensor, next_pow2
+from ._dot import dot
 from .merge import merge_partials
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -32,27 +33,27 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _online_step(acc, m_i, l_i, s, v, PREC: tl.constexpr):
+def _online_step(acc, m_i, l_i, s, v, PREC: tl.constexpr, CPU: tl.constexpr):
     # s [BM, BN] log2-scaled scores with -inf where hidden; v [BN, BD]
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PREC, CPU)
     return acc, m_new, l_i
 
 
 @triton.jit
-def _tile_scores(q, k_ptr, v_ptr, off, mask, d, qk_scale, UPCAST: tl.constexpr,
+def _tile_scores(q, k_ptr, v_ptr, off, mask, d, qk_scale, CPU: tl.constexpr,
                  PREC: tl.constexpr):
     """One key tile at element offsets `off` [BN] (+ d): the scores q k^T * scale [BM, BN] and
-    the values [BN, BD] (fp32 when UPCAST; masked keys load as 0)."""
+    the values [BN, BD] (fp32 on CPU; masked keys load as 0)."""
     k = tl.load(k_ptr + off[:, None] + d[None, :], mask=mask, other=0.0)
     v = tl.load(v_ptr + off[:, None] + d[None, :], mask=mask, other=0.0)
-    if UPCAST:
+    if CPU:
         k, v = k.to(tl.float32), v.to(tl.float32)
-    return tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale, v
+    return dot(q, tl.trans(k), PREC, CPU) * qk_scale, v
 
 
 @triton.jit
@@ -64,7 +65,7 @@ def _branch_attn_kernel(
         NB, QL, BL, KVH, NS, SPLIT, qk_scale,
         G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
         HAS_PREFIX: tl.constexpr, HAS_PVIS: tl.constexpr, HAS_BLOCK: tl.constexpr,
-        HAS_MASK: tl.constexpr, STATE: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+        HAS_MASK: tl.constexpr, STATE: tl.constexpr, PREC: tl.constexpr, CPU: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     pid_m = tl.program_id(0)
     row = tl.program_id(1) // KVH
@@ -80,7 +81,7 @@ def _branch_attn_kernel(
     d_ok = d < D
     q_off = row.to(tl.int64) * sq_r + b * sq_b + qp * sq_t + head * sq_h
     q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0)
-    if UPCAST:  # the interpreter's bf16 tl.dot is wrong (triton 3.9): compute in fp32 there
+    if CPU:  # the interpreter: fp32 math (its bf16 tl.dot is wrong in triton 3.9; _dot.py)
         q = q.to(tl.float32)
     acc = tl.zeros([BM, BD], dtype=tl.float32)
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
@@ -99,10 +100,10 @@ def _branch_attn_kernel(
             page = tl.load(bt_ptr + row * sbt_r + j // PS, mask=j_ok, other=0).to(tl.int64)
             kv_off = page * sc_p + (j % PS) * sc_s + kvh * sc_h
             kv_mask = j_ok[:, None] & d_ok[None, :]
-            s, v = _tile_scores(q, kc_ptr, vc_ptr, kv_off, kv_mask, d, qk_scale, UPCAST,
+            s, v = _tile_scores(q, kc_ptr, vc_ptr, kv_off, kv_mask, d, qk_scale, CPU,
                                 PREC)
             s = tl.where(j[None, :] < vis_len[:, None], s, float("-inf"))
-            acc, m_i, l_i = _online_step(acc, m_i, l_i, s, v, PREC)
+            acc, m_i, l_i = _online_step(acc, m_i, l_i, s, v, PREC, CPU)
     if HAS_BLOCK:
         # only the blocks of the branches present in this tile
         b_lo = (pid_m * BM) // (QL * G)
@@ -115,14 +116,14 @@ def _branch_attn_kernel(
             kp = u % BL
             kv_off = row.to(tl.int64) * sb_r + kb * sb_b + kp * sb_t + kvh * sb_h
             kv_mask = u_ok[:, None] & d_ok[None, :]
-            s, v = _tile_scores(q, kb_ptr, vb_ptr, kv_off, kv_mask, d, qk_scale, UPCAST,
+            s, v = _tile_scores(q, kb_ptr, vb_ptr, kv_off, kv_mask, d, qk_scale, CPU,
                                 PREC)
             vis = (kb[None, :] == b[:, None]) & u_ok[None, :] & t_ok[:, None]
             if HAS_MASK:
                 mk_off = row * sm_r + b[:, None] * sm_b + qp[:, None] * sm_q + kp[None, :]
                 vis = vis & (tl.load(mask_ptr + mk_off, mask=vis, other=0) != 0)
             s = tl.where(vis, s, float("-inf"))
-            acc, m_i, l_i = _online_step(acc, m_i, l_i, s, v, PREC)
+            acc, m_i, l_i = _online_step(acc, m_i, l_i, s, v, PREC, CPU)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_off = (split.to(tl.int64) * so_s + row.to(tl.int64) * so_r + b * so_b + qp * so_t
              + head * so_h)
@@ -292,7 +293,7 @@ def branch_attention(
             HAS_PVIS=prefix_visible is not None, HAS_BLOCK=has_block,
             HAS_MASK=blk_mask is not None, STATE=return_state or ns > 1,
             PREC="ieee" if q.dtype == torch.float32 or not gpu else "tf32", BM=bm, BN=bn,
-            UPCAST=not gpu and q.dtype == torch.bfloat16, BD=next_pow2(max(d, 16)))
+            CPU=not gpu, BD=next_pow2(max(d, 16)))
     if ns > 1:
         return merge_partials(out, m, l_, dtype=out_dtype or q.dtype, return_state=return_state)
     return (out, m, l_) if return_state else out

@@ -16,13 +16,14 @@ import triton
 import triton.language as tl
 
 from ._checks import check_tensor
+from ._dot import dot_acc
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit(do_not_specialize=["M"])  # M varies per call (batch x queries): one compile for all
 def _linear_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sx_m, sw_n, sy_m,
-                   PREC: tl.constexpr, UPCAST: tl.constexpr,
+                   PREC: tl.constexpr, CPU: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -37,9 +38,7 @@ def _linear_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sx_m, sw_n, sy_m,
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptr + rn.to(tl.int64)[None, :] * sw_n + k[:, None],
                     mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BK, BN] = w.T tile
-        if UPCAST:  # the interpreter's bf16 tl.dot is wrong (triton 3.9): fp32 there
-            x, w = x.to(tl.float32), w.to(tl.float32)
-        acc = tl.dot(x, w, acc, input_precision=PREC)
+        acc = dot_acc(x, w, acc, PREC, CPU)  # fp32 math and position-free rows on CPU
     tl.store(y_ptr + rm.to(tl.int64)[:, None] * sy_m + rn[None, :],
              acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -76,5 +75,5 @@ def invariant_linear(
         _linear_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
             x2, w, y, m, n, k, x2.stride(0), w.stride(0), y.stride(0),
             PREC="ieee" if x.dtype == torch.float32 or not gpu else "tf32",
-            UPCAST=not gpu and x.dtype != torch.float32, BM=bm, BN=bn, BK=bk)
+            CPU=not gpu, BM=bm, BN=bn, BK=bk)
     return y.reshape(*lead, n)

@@ -35,7 +35,7 @@ def _packed_attn_kernel(
         ROWS, H, BL, NS, qk_scale,
         G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, HAS_PREFIX: tl.constexpr,
         HAS_BLOCK: tl.constexpr, HAS_MASK: tl.constexpr, PREC: tl.constexpr,
-        UPCAST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+        CPU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
     kvh = tl.program_id(1)
     split = tl.program_id(2)  # split-K over each request's prefix; the last also takes blocks
     t = tl.program_id(0) * BM + tl.arange(0, BM)  # (packed row, head in group)
@@ -46,7 +46,7 @@ def _packed_attn_kernel(
     d_ok = d < D
     q = tl.load(q_ptr + i.to(tl.int64)[:, None] * sq_r + head[:, None] * sq_h + d[None, :],
                 mask=t_ok[:, None] & d_ok[None, :], other=0.0)
-    if UPCAST:  # the interpreter's bf16 tl.dot is wrong (triton 3.9): compute in fp32 there
+    if CPU:  # the interpreter: fp32 math (its bf16 tl.dot is wrong in triton 3.9; _dot.py)
         q = q.to(tl.float32)
     acc = tl.zeros([BM, BD], dtype=tl.float32)
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
@@ -68,10 +68,10 @@ def _packed_attn_kernel(
                                other=0).to(tl.int64)
                 kv_off = page * sc_p + (j % PS) * sc_s + kvh * sc_h
                 kv_mask = j_ok[:, None] & d_ok[None, :]
-                s, v = _tile_scores(q, kc_ptr, vc_ptr, kv_off, kv_mask, d, qk_scale, UPCAST,
+                s, v = _tile_scores(q, kc_ptr, vc_ptr, kv_off, kv_mask, d, qk_scale, CPU,
                                     PREC)
                 s = tl.where(mine[:, None] & j_ok[None, :], s, float("-inf"))
-                acc, m_i, l_i = _online_step(acc, m_i, l_i, s, v, PREC)
+                acc, m_i, l_i = _online_step(acc, m_i, l_i, s, v, PREC, CPU)
     if HAS_BLOCK:
         blk = tl.load(rb_ptr + i, mask=t_ok, other=-1)
         has = blk >= 0
@@ -84,7 +84,7 @@ def _packed_attn_kernel(
                 u_ok = u < BL
                 kv_off = (zero64 + b) * sb_b + u * sb_t + kvh * sb_h
                 kv_mask = u_ok[:, None] & d_ok[None, :]
-                s, v = _tile_scores(q, kb_ptr, vb_ptr, kv_off, kv_mask, d, qk_scale, UPCAST,
+                s, v = _tile_scores(q, kb_ptr, vb_ptr, kv_off, kv_mask, d, qk_scale, CPU,
                                     PREC)
                 vis = mine[:, None] & u_ok[None, :]
                 if HAS_MASK:
@@ -92,7 +92,7 @@ def _packed_attn_kernel(
                                  mask=vis, other=0)
                     vis = vis & (mk != 0)
                 s = tl.where(vis, s, float("-inf"))
-                acc, m_i, l_i = _online_step(acc, m_i, l_i, s, v, PREC)
+                acc, m_i, l_i = _online_step(acc, m_i, l_i, s, v, PREC, CPU)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     row_head = i.to(tl.int64) * H + head  # flat (row, head)
     tl.store(out_ptr + split.to(tl.int64) * so_s + row_head[:, None] * D + d[None, :],
@@ -209,7 +209,7 @@ def packed_attention(
             G=g, D=d, PS=ps, HAS_PREFIX=has_prefix, HAS_BLOCK=has_block,
             HAS_MASK=blk_mask is not None,
             PREC="ieee" if q.dtype == torch.float32 or not gpu else "tf32",
-            UPCAST=not gpu and q.dtype == torch.bfloat16, BM=bm, BN=bn, BD=next_pow2(max(d, 16)))
+            CPU=not gpu, BM=bm, BN=bn, BD=next_pow2(max(d, 16)))
     if ns > 1:
         return merge_partials(out, m, l_, dtype=dtype, return_state=True)
     return out[0], m[0], l_[0]

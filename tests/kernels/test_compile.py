@@ -63,7 +63,7 @@ def test_attention_and_merge_compile(flags):
     types = {"q_ptr": bf, "kc_ptr": bf, "vc_ptr": bf, "bt_ptr": "*i32", "plen_ptr": "*i32",
              "pvis_ptr": "*i32", "kb_ptr": bf, "vb_ptr": bf, "mask_ptr": "*i8", "out_ptr": bf,
              "m_ptr": f32, "l_ptr": f32, "qk_scale": "fp32"}
-    consts = dict(PS=16, PREC="tf32", UPCAST=False, BM=64, BN=64, BD=flags["D"], **flags)
+    consts = dict(PS=16, PREC="tf32", CPU=False, BM=64, BN=64, BD=flags["D"], **flags)
     k = compile_sm90(attention._branch_attn_kernel, types, consts)
     assert k.metadata.shared <= 228 * 1024
     compile_sm90(merge._merge_kernel, {"o_ptr": f32, "m_ptr": f32, "l_ptr": f32, "out_ptr": bf,
@@ -88,7 +88,7 @@ def test_specfold_fast_path_attention_compiles(g=4, d=128):
         types = {"q_ptr": bf, "kc_ptr": bf, "vc_ptr": bf, "bt_ptr": "*i32", "plen_ptr": "*i32",
                  "pvis_ptr": "*i32", "kb_ptr": bf, "vb_ptr": bf, "mask_ptr": "*i8",
                  "out_ptr": out, "m_ptr": f32, "l_ptr": f32, "qk_scale": "fp32"}
-        consts = dict(PS=16, PREC="tf32", UPCAST=False, BM=64, BN=64, BD=d, G=g, D=d,
+        consts = dict(PS=16, PREC="tf32", CPU=False, BM=64, BN=64, BD=d, G=g, D=d,
                       HAS_PREFIX=prefix, HAS_PVIS=False, HAS_BLOCK=block, HAS_MASK=False,
                       STATE=state)
         k = compile_sm90(attention._branch_attn_kernel, types, consts)

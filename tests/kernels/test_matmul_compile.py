@@ -19,7 +19,7 @@ def test_linear_kernel_compiles(dtype):
         "bf16": "bfloat16", "fp32": "float32"}[dtype]))
     p = f"*{dtype}"
     k = compile_sm90(matmul._linear_kernel, {"x_ptr": p, "w_ptr": p, "y_ptr": p},
-                     dict(PREC="ieee" if dtype == "fp32" else "tf32", UPCAST=False, BM=bm, BN=bn,
+                     dict(PREC="ieee" if dtype == "fp32" else "tf32", CPU=False, BM=bm, BN=bn,
                           BK=bk))
     assert k.metadata.shared <= 228 * 1024
 
