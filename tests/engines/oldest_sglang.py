@@ -21,7 +21,7 @@ def check_names(path: Path) -> list[str]:
             if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
 
 
-def run_checks(path: Path | list[Path], tmp: Path, timeout: int = 900,
+def run_checks(path: Path | list[Path], tmp: Path, timeout: int = 1800,
                **env: str) -> dict[str, tuple[str, str]]:
     """{check id: ("passed" | "failed" | "skipped", message)} of one checks file or several
     (one subprocess); skips without the env."""

@@ -48,7 +48,7 @@ def sglang_results(tmp_path_factory):
     proc = subprocess.run([sys.executable, "-m", "pytest", *map(str, CHECKS), "-q",
                            "-p", "no:cacheprovider", "-p", "tests.engines.sglang_env.fixtures",
                            f"--junitxml={xml}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=1800)
     if not xml.is_file():
         pytest.fail(f"the SGLang checks did not run:\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}")
     results = {}

@@ -79,7 +79,8 @@ def server(sdar: Path, algorithm: str, config: Path, log: Path, **env) -> VLLMSe
            "--dllm-algorithm", algorithm, "--dllm-algorithm-config", str(config),
            "--host", "127.0.0.1", "--port", str(free_port()), "--max-total-tokens", "8192",
            "--max-running-requests", "16", "--skip-server-warmup"]
-    return VLLMServer(cmd, env=dict(sglang_env(), **env), log_path=log)
+    return VLLMServer(cmd, env=dict(sglang_env(), **env), log_path=log,
+                      startup_timeout=900)  # generous: 2-core CI machines under load
 
 
 def forward_lines(log: str) -> int:

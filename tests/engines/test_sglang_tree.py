@@ -206,7 +206,7 @@ def test_adapters_import_without_sglang():
 
 @pytest.fixture(scope="module")
 def legacy_results(tmp_path_factory):
-    return run_checks(CHECKS, tmp_path_factory.mktemp("legacy-tree"), timeout=600)
+    return run_checks(CHECKS, tmp_path_factory.mktemp("legacy-tree"), timeout=1200)
 
 
 def test_in_sglang_0_5_16(legacy_results):

@@ -168,7 +168,7 @@ def test_adapters_take_no_rank_dependent_branch(path):
 # --- SGLang 0.5.16 (subprocess) ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def legacy_results(tmp_path_factory):
-    return run_checks(CHECKS, tmp_path_factory.mktemp("legacy-tp"), timeout=600)
+    return run_checks(CHECKS, tmp_path_factory.mktemp("legacy-tp"), timeout=1200)
 
 
 def _checks():

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "examples" / "fixtures"
+START = 900  # server start-up limit, s: generous (2-core CI machines under load)
 TARGET, DRAFT = str(FIX / "code-target"), str(FIX / "code-target-dflash-b16")
 EXTRA = ("--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
          "--chat-template", str(ROOT / "examples" / "chat_template.jinja"))
@@ -54,14 +55,15 @@ def plain(tmp_path_factory):
     """Outputs of the same target served WITHOUT speculation (server stopped afterwards)."""
     log = tmp_path_factory.mktemp("logs") / "plain.log"
     with VLLMServer(serve_command(TARGET, None, port=free_port(), extra=EXTRA),
-                    log_path=log) as srv:
+                    log_path=log, startup_timeout=START) as srv:
         return {"texts": _texts(srv, PROMPTS), "chat": _chat_text(srv)}
 
 
 @pytest.fixture(scope="module")
 def spec(plain, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "spec.log"
-    with VLLMServer(serve_command(TARGET, DRAFT, 15, free_port(), EXTRA), log_path=log) as srv:
+    with VLLMServer(serve_command(TARGET, DRAFT, 15, free_port(), EXTRA), log_path=log,
+                    startup_timeout=START) as srv:
         yield srv
 
 
@@ -130,7 +132,7 @@ def test_mismatched_drafter_fails_at_startup(tmp_path):
     cfg["num_target_layers"] = 36
     (bad / "config.json").write_text(json.dumps(cfg))
     srv = VLLMServer(serve_command(TARGET, str(bad), 15, free_port(), EXTRA),
-                     log_path=tmp_path / "bad.log")
+                     log_path=tmp_path / "bad.log", startup_timeout=START)
     with pytest.raises(RuntimeError) as err, srv:
         pass
     log = srv.log_path.read_text()
@@ -158,11 +160,11 @@ def test_llama_target(tmp_path):
     extra = ("--dtype", "float32", "--enforce-eager", "--max-model-len", "512")
     prompts = PROMPTS[:2]
     with VLLMServer(serve_command(str(target_dir), None, port=free_port(), extra=extra),
-                    log_path=tmp_path / "p.log") as srv:
+                    log_path=tmp_path / "p.log", startup_timeout=START) as srv:
         ref = [srv.complete(p[-600:], 24, ignore_eos=True)[1]["choices"][0]["text"]
                for p in prompts]
     with VLLMServer(serve_command(str(target_dir), str(draft_dir), 7, free_port(), extra),
-                    log_path=tmp_path / "s.log") as srv:
+                    log_path=tmp_path / "s.log", startup_timeout=START) as srv:
         got = [srv.complete(p[-600:], 24, ignore_eos=True)[1]["choices"][0]["text"]
                for p in prompts]
         assert spec_metrics(srv.url)["num_drafts"] > 0

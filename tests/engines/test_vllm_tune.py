@@ -33,7 +33,7 @@ def test_tune_measures_both_rows_and_emits_loadable_configs(tmp_path):
            "--candidates", "0,15", "--concurrency", "1,2", "--max-new-tokens", "8",
            "--waves", "1", "--min-requests", "2", "--warmup-tokens", "2", "--dtype", "float32",
            "--enforce-eager", "--max-model-len", "1024", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(out.read_text())
     assert proc.stdout.rstrip().endswith("}")  # the report is printed last (after vLLM logs)
