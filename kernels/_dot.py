@@ -26,7 +26,7 @@ def dot(a, b, PREC: tl.constexpr, CPU: tl.constexpr):
 def dot_acc(a, b, acc, PREC: tl.constexpr, CPU: tl.constexpr):
     # acc [BM, BN] fp32 += a [BM, BK] @ b [BK, BN]
     if CPU:
-        acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], 1)
-    else:
+        acc += dot(a, b, PREC, CPU)
+    else:  # the accumulating form: GPU bits as before
         acc = tl.dot(a, b, acc, input_precision=PREC)
     return acc

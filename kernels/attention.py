@@ -51,8 +51,8 @@ def _tile_scores(q, k_ptr, v_ptr, off, mask, d, qk_scale, CPU: tl.constexpr,
     the values [BN, BD] (fp32 on CPU; masked keys load as 0)."""
     k = tl.load(k_ptr + off[:, None] + d[None, :], mask=mask, other=0.0)
     v = tl.load(v_ptr + off[:, None] + d[None, :], mask=mask, other=0.0)
-    if CPU:
-        k, v = k.to(tl.float32), v.to(tl.float32)
+    if CPU:  # the interpreter's bf16 tl.dot is wrong (triton 3.9): `dot` runs fp32 there, and
+        v = v.to(tl.float32)  # p must stay fp32 on its way in (`_online_step`: p.to(v.dtype))
     return dot(q, tl.trans(k), PREC, CPU) * qk_scale, v
 
 
@@ -81,8 +81,6 @@ def _branch_attn_kernel(
     d_ok = d < D
     q_off = row.to(tl.int64) * sq_r + b * sq_b + qp * sq_t + head * sq_h
     q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0)
-    if CPU:  # the interpreter: fp32 math (its bf16 tl.dot is wrong in triton 3.9; _dot.py)
-        q = q.to(tl.float32)
     acc = tl.zeros([BM, BD], dtype=tl.float32)
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)

@@ -46,8 +46,6 @@ def _packed_attn_kernel(
     d_ok = d < D
     q = tl.load(q_ptr + i.to(tl.int64)[:, None] * sq_r + head[:, None] * sq_h + d[None, :],
                 mask=t_ok[:, None] & d_ok[None, :], other=0.0)
-    if CPU:  # the interpreter: fp32 math (its bf16 tl.dot is wrong in triton 3.9; _dot.py)
-        q = q.to(tl.float32)
     acc = tl.zeros([BM, BD], dtype=tl.float32)
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
