@@ -17,12 +17,18 @@ step() {  # step NAME LIMIT_S CMD...: one line per step in $R/queue.log, its out
   echo "$name rc=$? at $(( $(date +%s) - t0 )) s" | tee -a "$R/queue.log"
 }
 T=benchmarks/gpu_tree_sglang.py
+E=$R/gpu-engines
 # 1. the tree phase's CUDA graphs (one per batch bucket, `warm`) equal the eager phase (no engine;
 #    seconds); if not, the later tree steps run the eager tree phase (DFLASH_TREE_GRAPHS=0)
 step stage 120 python3 -m pytest -q -m gpu tests/engines/test_sglang_tree_stage.py \
     tests/engines/test_sglang_tree_append.py -p no:cacheprovider
 grep -q "stage rc=0" "$R/queue.log" || { export DFLASH_TREE_GRAPHS=0; echo "tree graphs off" | tee -a "$R/queue.log"; }
-# 2. Spiffy at 8 requests: with the draft-row K/V copy (SPIFFY_COPY_DRAFT_KV=1) one token was
+# 2. issue 20 in SGLang: one engine per k, the best k per concurrency
+step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
+    --target examples/fixtures/code-target --draft examples/fixtures/code-target-dflash-b16 \
+    --prompts examples/fixtures/dev-prompts.jsonl --candidates 0,7,15 \
+    --concurrency 1,4,8,16,32,64 --max-new-tokens 128 --dtype bfloat16 --out "$E/tune-sglang.json"
+# 3. Spiffy at 8 requests: with the draft-row K/V copy (SPIFFY_COPY_DRAFT_KV=1) one token was
 #    4.15 nats off one-step decoding (2026-12-01 and -02), without it (now the default) none. Rows:
 #    the default with graphs, graphs off (flashinfer: fa3 cannot run dLLMs eagerly), the copy
 #    again; check on CPU: `greedy_margins.py --target examples/fixtures/code-dllm --runs $D/*.json`
@@ -32,26 +38,26 @@ step dllm-spiffy 300 python3 benchmarks/gpu_dllm.py run --work "$W" --algorithm 
     --out "$D/spiffy.json"
 step dllm-spiffy-eager 300 python3 benchmarks/gpu_dllm.py run --work "$W" --algorithm Spiffy \
     --eager --out "$D/spiffy-eager.json"
-step dllm-spiffy-copy 300 env SPIFFY_COPY_DRAFT_KV=1 python3 benchmarks/gpu_dllm.py run \
-    --work "$W" --algorithm Spiffy --out "$D/spiffy-copy.json"
-# 3. where a tree round's time goes (tree phase and drafter-KV append graphed, captured at start;
-#    2026-12-02: every phase host-bound, the eager append 1.2 ms), 1 and 8 requests
-step profile 300 env DFLASH_TREE_PROFILE=50 python3 $T run --mode tree32 --prompts 8 \
-    --max-new-tokens 128 --out "$R/tree-graphs"
-# 4. the tree round at the Qwen3-8B shape (2026-12-02: tree 10.42 ms, DFLASH 6.52 ms, plain
-#    5.12 ms), with the per-phase profile this time
-E=$R/gpu-engines
-step round-tree 400 env DFLASH_TREE_PROFILE=20 python3 benchmarks/gpu_engines.py round-cost --engine sglang --mode tree \
-    --num-spec-tokens 32 --no-prefill-graphs --shape qwen3-8b --out "$E/round-sglang-tree.json"
-# 5. DFLASH_TREE in the warmed harness at T = 0 and 1, 32 and 64 nodes (check T = 0 rows with
+step dllm-lowconf 300 python3 benchmarks/gpu_dllm.py run --work "$W" --algorithm LowConfidence \
+    --out "$D/lowconf.json"
+# 4. DFLASH_TREE in the warmed harness at T = 0 and 1, 32 and 64 nodes (check T = 0 rows with
 #    greedy_margins.py on CPU)
-for n in 32 64; do
+for n in 32; do
   step "engines-tree$n" 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
       --num-spec-tokens $n --no-prefill-graphs --out "$E/sglang-tree$n.json"
 done
-# 6. issue 20 in SGLang: one engine per k, the best k per concurrency
-step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
-    --target examples/fixtures/code-target --draft examples/fixtures/code-target-dflash-b16 \
-    --prompts examples/fixtures/dev-prompts.jsonl --candidates 0,7,15 \
-    --concurrency 1,4,8,16,32,64 --max-new-tokens 128 --dtype bfloat16 --out "$E/tune-sglang.json"
+# 5. the tree round at the Qwen3-8B shape (2026-12-02: tree 10.42 ms, DFLASH 6.52 ms, plain
+#    5.12 ms), with the per-phase profile this time
+step round-tree 400 env DFLASH_TREE_PROFILE=20 python3 benchmarks/gpu_engines.py round-cost --engine sglang --mode tree \
+    --num-spec-tokens 32 --no-prefill-graphs --shape qwen3-8b --out "$E/round-sglang-tree.json"
+# 6. where a tree round's time goes (tree phase and drafter-KV append graphed, captured at start;
+#    2026-12-02: every phase host-bound, the eager append 1.2 ms), 1 and 8 requests
+step profile 300 env DFLASH_TREE_PROFILE=50 python3 $T run --mode tree32 --prompts 8 \
+    --max-new-tokens 128 --out "$R/tree-graphs"
+# 7. the same at 64 nodes
+step engines-tree64 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
+    --num-spec-tokens 64 --no-prefill-graphs --out "$E/sglang-tree64.json"
+# 8. the copy row again (off by default since 2026-12-02)
+step dllm-spiffy-copy 300 env SPIFFY_COPY_DRAFT_KV=1 python3 benchmarks/gpu_dllm.py run \
+    --work "$W" --algorithm Spiffy --out "$D/spiffy-copy.json"
 echo "done at $(( $(date +%s) - t0 )) s" | tee -a "$R/queue.log"
