@@ -5,6 +5,7 @@
 # working directory with the fixtures in place. About 25 min on an H200 with a warm flashinfer
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
+#   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -13,6 +14,7 @@ unset SGLANG_PLUGINS  # every plugin of ours loads (dflash_plugin alone left Spi
 t0=$(date +%s)
 step() {  # step NAME LIMIT_S CMD...: one line per step in $R/queue.log, its output in NAME.log
   local name=$1 limit=$2; shift 2
+  case " ${STEPS:-$name} " in *" $name "*) ;; *) return 0;; esac  # STEPS="a b": only those
   timeout "$limit" "$@" > "$R/$name.log" 2>&1
   echo "$name rc=$? at $(( $(date +%s) - t0 )) s" | tee -a "$R/queue.log"
 }
@@ -22,7 +24,7 @@ E=$R/gpu-engines
 #    seconds); if not, the later tree steps run the eager tree phase (DFLASH_TREE_GRAPHS=0)
 step stage 120 python3 -m pytest -q -m gpu tests/engines/test_sglang_tree_stage.py \
     tests/engines/test_sglang_tree_append.py -p no:cacheprovider
-grep -q "stage rc=0" "$R/queue.log" || { export DFLASH_TREE_GRAPHS=0; echo "tree graphs off" | tee -a "$R/queue.log"; }
+grep -q "^stage rc=[1-9]" "$R/queue.log" && { export DFLASH_TREE_GRAPHS=0; echo "tree graphs off" | tee -a "$R/queue.log"; }
 # 2. issue 20 in SGLang: one engine per k, the best k per concurrency
 step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
     --target examples/fixtures/code-target --draft examples/fixtures/code-target-dflash-b16 \
@@ -40,6 +42,8 @@ step dllm-spiffy-eager 300 python3 benchmarks/gpu_dllm.py run --work "$W" --algo
     --eager --out "$D/spiffy-eager.json"
 step dllm-lowconf 300 python3 benchmarks/gpu_dllm.py run --work "$W" --algorithm LowConfidence \
     --out "$D/lowconf.json"
+step dllm-lowconf-eager 300 python3 benchmarks/gpu_dllm.py run --work "$W" \
+    --algorithm LowConfidence --eager --out "$D/lowconf-eager.json"
 # 4. DFLASH_TREE in the warmed harness at T = 0 and 1, 32 and 64 nodes (check T = 0 rows with
 #    greedy_margins.py on CPU)
 for n in 32; do
