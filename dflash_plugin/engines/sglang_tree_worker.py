@@ -154,6 +154,13 @@ def _check_version() -> None:
                            f" SGLang {'.'.join(map(str, have))} is not supported yet")
 
 
+def _bucket_limit(server_args) -> int:
+    """The most requests a round can hold (0: unknown), the last batch bucket to capture."""
+    limit = getattr(server_args, "max_running_requests", None) or \
+        getattr(server_args, "cuda_graph_max_bs_decode", None)
+    return int(limit or 0)
+
+
 def worker_factory(server_args) -> type:
     """What SGLang's registry calls (`SpeculativeAlgorithm.register`): the worker class."""
     return worker_class()
@@ -192,20 +199,31 @@ def worker_class() -> type:
             self._warm_stages(server_args)
 
         def _warm_stages(self, server_args) -> None:
-            """Capture both phases for every batch bucket up to the running-request limit now,
-            not inside the first rounds of each batch size (see sglang_buckets)."""
-            limit = getattr(server_args, "max_running_requests", None) or \
-                getattr(server_args, "cuda_graph_max_bs_decode", None)
+            """Capture the tree phase for every batch bucket up to the running-request limit
+            now, not inside the first rounds of each batch size (see sglang_buckets)."""
+            limit = _bucket_limit(server_args)
             if not limit:
                 return  # no bound known: buckets are captured on first use
             head = self.target_worker.model_runner.model.lm_head.weight
-            sizes = self.tree_stage.warm(int(limit), int(head.shape[1]), head.dtype)
+            sizes = self.tree_stage.warm(limit, int(head.shape[1]), head.dtype)
+            if sizes:
+                logger.info("%s: tree phase captured for batch buckets %s", NAME, sizes)
+
+        def init_cuda_graphs(self):
+            """SGLang 0.5.16 starts a worker in steps (`__init__`, `alloc_memory_pool`,
+            `init_attention_backends`, `init_cuda_graphs`; scheduler.py): the drafter's KV pool
+            exists only after `alloc_memory_pool`, so the drafter-KV append is captured here.
+            Captured in `__init__` it met no `token_to_kv_pool` and SGLang's own fallback
+            turned DFLASH's fused append off for good (H200, 2026-12-03)."""
+            super().init_cuda_graphs()
+            limit = _bucket_limit(self.server_args)
             fc = getattr(self.draft_model, "fc", None)  # projects the target's hidden states
-            sizes_a = [] if fc is None else self.append_stage.warm(
-                int(limit), self.plan.depth + 1, int(fc.in_features), fc.weight.dtype)
-            if sizes or sizes_a:
-                logger.info("%s: tree phase captured for batch buckets %s, drafter-KV append "
-                            "for %s", NAME, sizes, sizes_a)
+            if not limit or fc is None:
+                return
+            sizes = self.append_stage.warm(limit, self.plan.depth + 1, int(fc.in_features),
+                                           fc.weight.dtype)
+            if sizes:
+                logger.info("%s: drafter-KV append captured for batch buckets %s", NAME, sizes)
 
         def _append_workspaces(self):
             """What a captured append reads but DFLASH's fused-KV helper may replace later
