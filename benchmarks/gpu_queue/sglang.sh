@@ -44,12 +44,10 @@ step dllm-lowconf 300 python3 benchmarks/gpu_dllm.py run --work "$W" --algorithm
     --out "$D/lowconf.json"
 step dllm-lowconf-eager 300 python3 benchmarks/gpu_dllm.py run --work "$W" \
     --algorithm LowConfidence --eager --out "$D/lowconf-eager.json"
-# 4. DFLASH_TREE in the warmed harness at T = 0 and 1, 32 and 64 nodes (check T = 0 rows with
-#    greedy_margins.py on CPU)
-for n in 32; do
-  step "engines-tree$n" 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
-      --num-spec-tokens $n --no-prefill-graphs --out "$E/sglang-tree$n.json"
-done
+# 4. DFLASH_TREE in the warmed harness at T = 0 and 1, 32 nodes (64 in step 7; check T = 0 rows
+#    with greedy_margins.py on CPU)
+step engines-tree32 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
+    --num-spec-tokens 32 --no-prefill-graphs --out "$E/sglang-tree32.json"
 # 5. the tree round at the Qwen3-8B shape (2026-12-02: tree 10.42 ms, DFLASH 6.52 ms, plain
 #    5.12 ms), with the per-phase profile this time
 step round-tree 400 env DFLASH_TREE_PROFILE=20 python3 benchmarks/gpu_engines.py round-cost --engine sglang --mode tree \
