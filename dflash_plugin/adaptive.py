@@ -176,3 +176,44 @@ class BlockPolicy:
         if i == 0 and q > 1:  # the first choice rests on the prior alone: read back soon
             most = min(2, most)
         return q, min(most, every - self.short_rounds) if every else most
+
+
+def nearest_row(rows: list[int], bs: int) -> int:
+    """The measured concurrency nearest to batch size `bs` in log scale (ties: the smaller)."""
+    require(bool(rows), "rows", "needs at least one measured concurrency")
+    require(bs >= 1, "batch_size", f"must be >= 1, got {bs}")
+    return min(sorted(rows), key=lambda c: abs(math.log(c) - math.log(bs)))
+
+
+class ServerPolicy:
+    """A serving engine's block length per step (SGLang's DFLASH_ADAPTIVE): round times measured
+    per concurrency (`tune.step_times`), one pooled decayed survival of every round the server
+    verified, and one `BlockPolicy` per measured concurrency (its probes); a step of batch size
+    bs is decided by the row of the nearest measured concurrency (`nearest_row`). The engine
+    reads accepted lengths back late (SGLang: one step behind), so `observe` takes the q the
+    step was issued with."""
+
+    def __init__(self, cfg: AdaptiveConfig, rows: dict[int, dict[int, float]], max_q: int):
+        require(bool(rows), "rows", "needs round times of at least one concurrency")
+        require(max_q >= 1, "max_q", f"must be >= 1, got {max_q}")
+        self.survival = Survival(max(max_q - 1, 1), cfg.decay, cfg.prior)
+        self.policies = {}
+        for c, ms in sorted(rows.items()):
+            p = BlockPolicy(cfg, ms, max_q, max(max_q - 1, 1))
+            p.survival = self.survival  # acceptance does not depend on the batch size
+            self.policies[c] = p
+
+    def blocks(self) -> list[int]:
+        """Every q a step can take (the runtime states to build)."""
+        return sorted({q for p in self.policies.values() for q in p.round_ms})
+
+    def choose(self, bs: int) -> int:
+        p = self.policies[nearest_row(list(self.policies), bs)]
+        q, most = p.choose()
+        if most == 1 and q == p.probe_q:
+            p.short_rounds = 0  # a probe: its round is read back late, do not repeat it
+        return q
+
+    def observe(self, bs: int, q: int, accepted: list[int]) -> None:
+        """One verified step of `bs` rows issued at block length q (q - 1 drafted each)."""
+        self.policies[nearest_row(list(self.policies), bs)].observe_round(q - 1, accepted)

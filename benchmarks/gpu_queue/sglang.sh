@@ -30,6 +30,10 @@ step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
     --target examples/fixtures/code-target --draft examples/fixtures/code-target-dflash-b16 \
     --prompts examples/fixtures/dev-prompts.jsonl --candidates 0,7,15 \
     --concurrency 1,4,8,16,32,64 --max-new-tokens 128 --dtype bfloat16 --out "$E/tune-sglang.json"
+# 2b. issue 20 in SGLang, per step: one DFLASH_ADAPTIVE server (block length chosen per step from
+#     tune-sglang.json's step times) beside plain and fixed DFLASH, 1-64 requests
+step adaptive 900 python3 benchmarks/gpu_adaptive_sglang.py all --out "$R/gpu-adaptive-sglang" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
 # 3. Spiffy at 8 requests: with the draft-row K/V copy (SPIFFY_COPY_DRAFT_KV=1) one token was
 #    4.15 nats off one-step decoding (2026-12-01 and -02), without it (now the default) none. Rows:
 #    the default with graphs, graphs off (flashinfer: fa3 cannot run dLLMs eagerly), the copy

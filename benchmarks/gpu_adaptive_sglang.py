@@ -1,0 +1,141 @@
+"""Issue 20 in SGLang: one DFLASH_ADAPTIVE server (block length chosen per step) beside plain
+serving and fixed DFLASH (k = 15), at 1, 4, 8, 16, 32, 64 concurrent requests, greedy, on the
+bundled pair (GPU only: SGLang runs DFLASH on CUDA only).
+
+Per mode one `sglang.Engine` in its own process (`run --mode M` writes `M.json`; `all` runs the
+modes in turn, an engine that fails is recorded and the next still runs): the cells of
+`dflash tune` (`sglang_tune.measure_engine`: an untimed pass at every concurrency, then per
+concurrency max(2c, 16) requests of 128 tokens, timed; tau = tokens / SGLang's
+`spec_verify_ct`), and the greedy outputs of the first 16 prompts (4 at a time) for token
+identity between modes. DFLASH_ADAPTIVE reads the step times of a `dflash tune --engine
+sglang` report (`--config`) and logs its steps per block length every 200 steps
+(DFLASH_ADAPTIVE_LOG_EVERY).
+
+    O=benchmarks/results/gpu-adaptive-sglang
+    python benchmarks/gpu_adaptive_sglang.py all --out $O \
+        --config benchmarks/results/gpu-engines/tune-sglang.json
+    python benchmarks/gpu_adaptive_sglang.py report --out $O
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.common import checkout_first
+
+checkout_first()
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "examples" / "fixtures"
+MODES = ["plain", "dflash", "adaptive"]
+LABEL_K = {"plain": 0, "dflash": 15, "adaptive": 15}  # tau is computed for k > 0
+
+
+def start(args, mode: str):
+    from dflash_plugin.engines.sglang_tune import start as start_engine
+
+    extra = {}
+    if mode == "adaptive":
+        extra = dict(speculative_algorithm="DFLASH_ADAPTIVE",
+                     speculative_draft_model_path=str(args.draft),
+                     speculative_adaptive_config=str(args.config))
+    return start_engine(str(args.target), str(args.draft), 15 if mode == "dflash" else 0,
+                        max_running_requests=max(args.concurrency), dtype=args.dtype,
+                        extra=extra)
+
+
+def run_mode(args, mode: str) -> dict:
+    from dflash_plugin.engines.sglang_tune import closed_loop, measure_engine
+    from dflash_plugin.engines.vllm_tune import prompt_ids
+
+    ids = prompt_ids(str(args.target), str(args.prompts), 2048 - args.max_new_tokens - 24)
+    t0 = time.perf_counter()
+    engine = start(args, mode)
+    started = time.perf_counter() - t0
+    try:
+        cells = measure_engine(engine, LABEL_K[mode], ids, args.concurrency,
+                               max_new_tokens=args.max_new_tokens, waves=2, min_requests=16,
+                               warmup_tokens=8, log=lambda m: print(m, flush=True))
+        outs = closed_loop(engine, ids[:16], args.max_new_tokens, 4)
+    finally:
+        engine.shutdown()
+    return {"mode": mode, "start_s": started, "cells": [asdict(c) for c in cells],
+            "outputs": [o.token_ids for o in outs], "config": str(args.config)}
+
+
+def identity(a: list[list[int]], b: list[list[int]]) -> dict:
+    """Requests with identical outputs, and the first differing position of each other one."""
+    firsts = [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), min(len(p), len(q)))
+              for p, q in zip(a, b) if p != q]
+    return {"identical": len(a) - len(firsts), "total": len(a), "first_diff": firsts}
+
+
+def report(out: Path) -> None:
+    docs = {m: json.loads((out / f"{m}.json").read_text()) for m in MODES
+            if (out / f"{m}.json").is_file()}
+    rows = {}
+    for m, d in docs.items():
+        for c in d.get("cells", []):
+            rows.setdefault(c["concurrency"], {})[m] = c
+    print("| requests | " + " | ".join(f"{m} tok/s" for m in docs) + " | adaptive / max |")
+    print("|---" * (len(docs) + 2) + "|")
+    for c, r in sorted(rows.items()):
+        best = max(r[m]["tokens_per_s"] for m in ("plain", "dflash") if m in r)
+        ad = r.get("adaptive", {}).get("tokens_per_s")
+        cols = " | ".join(f"{r[m]['tokens_per_s']:.0f}" if m in r else "-" for m in docs)
+        print(f"| {c} | {cols} | {ad / best:.3f} |" if ad else f"| {c} | {cols} | - |")
+    for m in ("dflash", "adaptive"):
+        if "plain" in docs and m in docs:
+            print(m, "vs plain:", identity(docs["plain"]["outputs"], docs[m]["outputs"]))
+    if "dflash" in docs and "adaptive" in docs:
+        print("adaptive vs dflash:", identity(docs["dflash"]["outputs"],
+                                              docs["adaptive"]["outputs"]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cmd", choices=["run", "all", "report"])
+    ap.add_argument("--mode", choices=MODES)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--target", type=Path, default=FIX / "code-target")
+    ap.add_argument("--draft", type=Path, default=FIX / "code-target-dflash-b16")
+    ap.add_argument("--prompts", type=Path, default=FIX / "dev-prompts.jsonl")
+    ap.add_argument("--config", type=Path,
+                    default=ROOT / "benchmarks/results/gpu-engines/tune-sglang.json")
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[1, 4, 8, 16, 32, 64])
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--dtype", default="bfloat16")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.cmd == "report":
+        return report(args.out)
+    if args.cmd == "run":
+        if args.mode is None:
+            ap.error("run needs --mode")
+        doc = run_mode(args, args.mode)
+        (args.out / f"{args.mode}.json").write_text(json.dumps(doc))
+        return
+    for m in args.modes.split(","):
+        rest = sys.argv[2:]
+        keep = [a for i, a in enumerate(rest) if not a.startswith("--modes")
+                and not (i and rest[i - 1] == "--modes")]
+        cmd = [sys.executable, __file__, "run", "--mode", m] + keep
+        env = dict(os.environ, DFLASH_ADAPTIVE_LOG_EVERY=os.environ.get(
+            "DFLASH_ADAPTIVE_LOG_EVERY", "200"))
+        rc = subprocess.run(cmd, env=env).returncode
+        if rc:
+            (args.out / f"{m}.error").write_text(f"exit {rc}\n")
+    report(args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""DFLASH_ADAPTIVE's SGLang worker: SGLang 0.5.16's `DFlashWorkerV2` with one runtime state per
+block length q, switched before every decode step.
+
+A state is what DFLASH's decode step reads that depends on its block: the block size itself,
+the drafter block's position offsets and spec input, the step's buffers, the target's verify
+attention backend and CUDA graphs (width q), the drafter's (block q). The server's own block W
+is DFLASH's state as SGLang built it; the others are built after SGLang's `init_cuda_graphs`, the
+way SGLang's EAGLE adaptive mode builds its states (`eagle_worker_v2.py`
+`build_adaptive_runtime_state`, 0.5.16): a fresh attention backend and `DecodeCudaGraphRunner`
+per runner, with the server args' `speculative_num_draft_tokens` set to q while they capture.
+q = 1 is plain decoding through DFLASH's own step: no drafter forward (the drafter runner is
+wrapped so its forward returns nothing and the head reads an empty draft), a one-token target
+verify, and the drafter's KV of that token appended as every step does, so a later q > 1 drafts
+from a current context. The scheduler keeps reserving W slots per request and step (SGLang's
+server args stay at W); a step reports its own q (`speculative_num_draft_tokens` of the
+result), which SGLang's result processing reads per result. The choice per step is
+`adaptive.ServerPolicy` (step times from `dflash tune --engine sglang`, acceptance from SGLang's
+`on_verify_complete_cpu`, which reads results back one step late in overlap mode).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import types
+from functools import cache
+
+import torch
+
+from ..adaptive import AdaptiveConfig, ServerPolicy
+from .sglang_adaptive import FLAG, NAME, load_step_times
+from .sglang_tree_worker import _check_version
+
+logger = logging.getLogger(__name__)
+
+# DFlashWorkerV2 (0.5.16) attributes that belong to one block length
+STATE_ATTRS = (
+    "block_size", "speculative_num_draft_tokens", "_block_pos_offsets",
+    "_draft_block_spec_info", "_draft_block_ids_buf", "_draft_block_positions_buf",
+    "_draft_block_tokens_buf", "_draft_verify_out_cache_loc_buf", "_draft_block_end_buf",
+    "_draft_seq_lens_cpu_buf", "_accept_bonus_buffer_cap", "_accept_bonus_buffer_slot",
+    "_accept_len_buf", "_commit_lens_bufs", "_bonus_id_bufs", "_out_tokens_bufs",
+    "_new_seq_lens_bufs", "_draft_sampler", "draft_model_runner")
+RUNNER_ATTRS = ("attn_backend", "decode_cuda_graph_runner")
+
+
+def fresh_attrs(q: int, device, offsets, spec_info) -> dict:
+    """A new state's worker attributes before its first step (buffers grow on first use, as
+    DFLASH's do)."""
+    return dict(block_size=q, speculative_num_draft_tokens=q, _block_pos_offsets=offsets,
+                _draft_block_spec_info=spec_info, _draft_block_ids_buf=None,
+                _draft_block_positions_buf=None, _draft_block_tokens_buf=None,
+                _draft_verify_out_cache_loc_buf=None, _draft_block_end_buf=None,
+                _draft_seq_lens_cpu_buf=None, _accept_bonus_buffer_cap=0,
+                _accept_bonus_buffer_slot=0, _accept_len_buf=None, _commit_lens_bufs=[],
+                _bonus_id_bufs=[], _out_tokens_bufs=[], _new_seq_lens_bufs=[],
+                _draft_sampler=None)
+
+
+class NoDraft:
+    """The drafter runner in the q = 1 state: `forward` returns no draft (DFLASH's step then
+    reads `EmptyDraft.out[:0]`); everything else (KV pool, backend) is the real runner's."""
+
+    def __init__(self, runner):
+        self._runner = runner
+
+    def forward(self, forward_batch):
+        return types.SimpleNamespace(logits_output=None, can_run_graph=True)
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+
+class EmptyDraft:
+    """The drafter head in the q = 1 state: zero drafted tokens per request."""
+
+    def __init__(self, device):
+        self.out = torch.empty(0, dtype=torch.int64, device=device)
+
+
+@contextlib.contextmanager
+def draft_tokens_set_to(args_list, q: int):
+    """Each distinct ServerArgs with `speculative_num_draft_tokens = q` inside (SGLang's
+    backends and graph runners size from it), restored after."""
+    seen = {id(a): a for a in args_list}.values()
+    old = [(a, a.speculative_num_draft_tokens) for a in seen]
+    for a, _ in old:
+        a.override(f"{NAME.lower()}.capture", speculative_num_draft_tokens=q)
+    try:
+        yield
+    finally:
+        for a, w in old:
+            a.override(f"{NAME.lower()}.restore", speculative_num_draft_tokens=w)
+
+
+def build_runner_state(model_runner, q: int, graphs: bool) -> dict:
+    """A fresh attention backend for `model_runner` and, with graphs, its decode CUDA graphs
+    of width q (call inside `draft_tokens_set_to`). The runner's capture tail hooks (DFLASH's
+    in-graph draft head, sized for W) are off while capturing."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+    keep = model_runner.init_new_workspace
+    try:
+        backend = model_runner._get_attention_backend(init_new_workspace=True)
+    finally:
+        model_runner.init_new_workspace = keep
+    runner = None
+    if graphs:
+        hooks = list(model_runner.capture_tail_hooks)
+        model_runner.capture_tail_hooks.clear()
+        try:
+            runner = DecodeCudaGraphRunner(model_runner, attn_backend=backend,
+                                           speculative_num_draft_tokens=q)
+        finally:
+            model_runner.capture_tail_hooks.extend(hooks)
+    return {"attn_backend": backend, "decode_cuda_graph_runner": runner}
+
+
+def worker_factory(server_args) -> type:
+    return worker_class()
+
+
+@cache
+def worker_class() -> type:
+    """`DFlashAdaptiveWorker` (a subclass of SGLang 0.5.16's `DFlashWorkerV2`)."""
+    _check_version()
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+    from sglang.srt.speculative.draft_worker_common import (
+        build_block_pos_offsets,
+        make_draft_block_spec_info,
+    )
+
+    class DFlashAdaptiveWorker(DFlashWorkerV2):
+        def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
+            super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
+            w = int(self.block_size)
+            self.max_q = w
+            self._draft_mr = self.draft_model_runner  # the real one (q = 1 swaps in NoDraft)
+            rows = load_step_times(getattr(server_args, FLAG, None), w)
+            self.policy = ServerPolicy(AdaptiveConfig(probe_overhead=0.02), rows, w)
+            self._states: dict[int, dict] = {}
+            self._q = w
+            self._issued = collections.deque(maxlen=256)  # (bs, q) not yet read back
+            self._steps = collections.Counter()  # q -> decode steps issued
+            self._log_every = int(os.environ.get("DFLASH_ADAPTIVE_LOG_EVERY", "1000"))
+
+        def _runners(self):
+            return {"target": self.target_worker.model_runner, "draft": self._draft_mr}
+
+        def _snapshot(self) -> dict:
+            st = {a: getattr(self, a) for a in STATE_ATTRS}
+            for key, mr in self._runners().items():
+                st[key] = {a: getattr(mr, a) for a in RUNNER_ATTRS}
+            return st
+
+        def _build_state(self, q: int, graphs: bool) -> dict:
+            dev = self.device
+            st = fresh_attrs(q, dev, build_block_pos_offsets(length=q, device=dev),
+                             make_draft_block_spec_info(draft_token_num=q, device=dev))
+            target, draft = self.target_worker.model_runner, self._draft_mr
+            with draft_tokens_set_to([self.server_args, target.server_args,
+                                      draft.server_args], q):
+                st["target"] = build_runner_state(target, q, graphs)
+                # q = 1 runs no drafter: the drafter keeps W's backend and graphs
+                st["draft"] = (build_runner_state(draft, q, graphs) if q > 1 else
+                               {a: getattr(draft, a) for a in RUNNER_ATTRS})
+            st["draft_model_runner"] = draft if q > 1 else NoDraft(draft)
+            if q == 1:
+                st["_draft_sampler"] = EmptyDraft(dev)
+            return st
+
+        def init_cuda_graphs(self):
+            """DFLASH's graphs for W (SGLang's), then every other q of the policy."""
+            from sglang.srt.model_executor.cuda_graph_config import Backend
+
+            super().init_cuda_graphs()
+            graphs = self.server_args.cuda_graph_config.decode.backend != Backend.DISABLED
+            self._states[self.max_q] = self._snapshot()
+            for q in self.policy.blocks():
+                if q not in self._states:
+                    self._states[q] = self._build_state(q, graphs)
+            logger.info("%s: runtime states for block lengths %s (graphs %s); step times "
+                        "for batch sizes %s", NAME, sorted(self._states), graphs,
+                        sorted(self.policy.policies))
+
+        def _use(self, q: int) -> None:
+            if q == self._q:
+                return
+            self._states[self._q] = self._snapshot()  # keeps the buffers grown meanwhile
+            st = self._states[q]
+            for a in STATE_ATTRS:
+                setattr(self, a, st[a])
+            for key, mr in self._runners().items():
+                for a in RUNNER_ATTRS:
+                    setattr(mr, a, st[key][a])
+            self._q = q
+
+        def forward_batch_generation(self, batch, on_publish=None):
+            decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch
+                          or batch.forward_mode.is_idle())
+            if decode and self._states:
+                bs = len(batch.seq_lens)
+                q = self.policy.choose(bs)
+                self._use(q)
+                self._issued.append((bs, q))
+                self._steps[q] += 1
+                n = sum(self._steps.values())
+                if self._log_every and n % self._log_every == 0:
+                    logger.info("%s: decode steps per block length %s", NAME,
+                                dict(sorted(self._steps.items())))
+            return super().forward_batch_generation(batch, on_publish=on_publish)
+
+        def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):
+            if self._issued:
+                bs, q = self._issued.popleft()
+                self.policy.observe(bs, q, list(num_correct_drafts_per_req))
+
+    return DFlashAdaptiveWorker

@@ -1,0 +1,177 @@
+"""DFLASH_ADAPTIVE against real SGLang (run with `checks_tree.py`: the 0.5.23 env through
+`test_sglang.py`, the 0.5.16 env through `test_sglang_tree.py`).
+
+Registration, SGLang's conformance check of the spec class, launch-time validation through
+SGLang's own `prepare_server_args` on CPU, and the worker against SGLang 0.5.16's real source
+(static conformance: every attribute a runtime state swaps is one `DFlashWorkerV2` / the model
+runner sets, every SGLang callable exists with the parameters the worker passes, DFLASH's step
+reads the draft the way the q = 1 state feeds it). The worker itself needs CUDA: it runs on the
+GPU machine (`benchmarks/gpu_adaptive_sglang.py`).
+"""
+
+import inspect
+import json
+
+import pytest
+
+from tests.engines.sglang_env import shims
+
+shims.install()
+
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+from sglang.srt.speculative.spec_registry import get_spec  # noqa: E402
+
+from dflash_plugin.engines import sglang_adaptive as algo  # noqa: E402
+from dflash_plugin.engines.sglang import register  # noqa: E402
+from dflash_plugin.errors import ConfigError  # noqa: E402
+from spiffy_plugin.engines.versions import installed  # noqa: E402
+from tests.engines.sglang_env.fixtures import FIX  # noqa: E402
+
+OLD = installed("sglang") <= (0, 5, 16)
+OLD_ONLY = pytest.mark.skipif(not OLD, reason="the worker is written against SGLang 0.5.16")
+TARGET, DRAFT = FIX / "code-target", FIX / "code-target-dflash-b16"
+
+
+def tune_doc(engine="sglang"):
+    """A `dflash tune` report: plain faster at 8 requests, k = 15 at 1."""
+    cells = [dict(k=0, concurrency=1, tokens_per_s=800.0, tau=None),
+             dict(k=15, concurrency=1, tokens_per_s=1600.0, tau=5.0),
+             dict(k=0, concurrency=8, tokens_per_s=6900.0, tau=None),
+             dict(k=15, concurrency=8, tokens_per_s=5500.0, tau=5.0)]
+    return {"kind": "dflash-tune", "engine": engine, "cells": cells}
+
+
+@pytest.fixture
+def tune_json(tmp_path):
+    p = tmp_path / "tune.json"
+    p.write_text(json.dumps(tune_doc()))
+    return p
+
+
+def test_registration_is_idempotent():
+    register()
+    register()
+    spec = SpeculativeAlgorithm.from_string("dflash_adaptive")
+    assert spec is get_spec("DFLASH_ADAPTIVE") and type(spec).__name__ == "DFlashAdaptiveAlgo"
+    assert spec.supports_overlap and spec.validate_server_args is algo.validate_server_args
+    assert algo.register() is False
+    assert get_spec("DFLASH_TREE") is not None  # both registered by the one entry point
+
+
+def test_spec_class_conforms():
+    from sglang.srt.speculative.spec_registry import _assert_custom_spec_algo_conforms
+
+    cls = algo.spec_class()
+    _assert_custom_spec_algo_conforms(cls)
+    spec = get_spec("DFLASH_ADAPTIVE") or cls("DFLASH_ADAPTIVE", lambda sa: None)
+    assert spec.is_dflash_family() and not spec.is_dflash() and not spec.is_eagle()
+    # each runtime state's runners are sized for its own q, the drafter's included
+    for q in (1, 8, 16):
+        assert spec.get_num_tokens_per_req_for_target_verify(q, False) == q
+        assert spec.get_num_tokens_per_req_for_target_verify(q, True) == q
+
+
+def _server_args(*extra):
+    from sglang.srt.server_args import prepare_server_args
+
+    sa = prepare_server_args(["--model-path", str(TARGET), "--speculative-algorithm",
+                              "DFLASH_ADAPTIVE", "--speculative-draft-model-path", str(DRAFT),
+                              "--device", "cpu", *extra])
+    if hasattr(sa, "resolve_once"):
+        sa.resolve_once()
+    return sa
+
+
+LAST = ("device: DFLASH_ADAPTIVE needs a CUDA device" if OLD else
+        "sglang: DFLASH_ADAPTIVE's worker is written against SGLang 0.5.16")
+
+
+@pytest.mark.parametrize("extra,message", [
+    ([], "speculative_adaptive_config: required for DFLASH_ADAPTIVE"),
+    (["--speculative-adaptive-config", "/nonexistent.json"], "speculative_adaptive_config: no such file"),
+    (["CONFIG", "--speculative-num-draft-tokens", "17"],
+     r"speculative_num_draft_tokens: must be in \[2, 16\]"),
+    (["CONFIG", "--speculative-eagle-topk", "4"], "speculative_eagle_topk: DFLASH_ADAPTIVE drafts one path"),
+    (["CONFIG"], LAST),
+])
+def test_launch_validation_errors(extra, message, tune_json):
+    register()
+    extra = [a for x in extra for a in (["--speculative-adaptive-config", str(tune_json)]
+                                        if x == "CONFIG" else [x])]
+    with pytest.raises(ConfigError, match=message):
+        _server_args(*extra)
+
+
+def test_launch_validation_reads_the_tune_report(tmp_path):
+    register()
+    vllm = tmp_path / "vllm.json"
+    vllm.write_text(json.dumps(tune_doc("vllm")))
+    with pytest.raises(ConfigError, match="must be measured in SGLang"):
+        _server_args("--speculative-adaptive-config", str(vllm))
+    junk = tmp_path / "junk.json"
+    junk.write_text("{")
+    with pytest.raises(ConfigError, match="is not JSON"):
+        _server_args("--speculative-adaptive-config", str(junk))
+
+
+# --- the worker against SGLang 0.5.16's source ----------------------------------------------
+
+@OLD_ONLY
+def test_worker_subclasses_dflash_and_swaps_only_what_dflash_sets():
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from dflash_plugin.engines import sglang_adaptive_worker as w
+
+    cls = w.worker_class()
+    assert issubclass(cls, DFlashWorkerV2) and w.worker_factory(None) is cls
+    init = inspect.getsource(DFlashWorkerV2.__init__)
+    for a in w.STATE_ATTRS:  # each swapped attribute is one DFLASH's __init__ sets
+        assert f"self.{a} =" in init or f"self.{a}: " in init, a
+    fresh = w.fresh_attrs(3, "cpu", None, None)
+    assert set(fresh) | {"draft_model_runner"} == set(w.STATE_ATTRS)
+    assert list(inspect.signature(DFlashWorkerV2.__init__).parameters) == [
+        "self", "server_args", "gpu_id", "ps", "nccl_port", "target_worker"]
+
+
+@OLD_ONLY
+def test_what_the_states_are_built_with():
+    from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.speculative import draft_worker_common as dwc
+    from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+
+    params = inspect.signature(DecodeCudaGraphRunner.__init__).parameters
+    assert {"attn_backend", "speculative_num_draft_tokens"} <= set(params)
+    src = inspect.getsource(ModelRunner)
+    for attr in ("self.attn_backend", "self.decode_cuda_graph_runner",
+                 "self.capture_tail_hooks", "init_new_workspace"):
+        assert attr in src, attr
+    assert "init_new_workspace" in inspect.signature(ModelRunner._get_attention_backend).parameters
+    assert list(inspect.signature(dwc.build_block_pos_offsets).parameters) == ["length", "device"]
+    assert "draft_token_num" in inspect.signature(dwc.make_draft_block_spec_info).parameters
+    assert list(inspect.signature(BaseSpecWorker.on_verify_complete_cpu).parameters) == [
+        "self", "num_correct_drafts_per_req", "batch_size"]
+    assert list(inspect.signature(_handle_dflash).parameters) == ["server_args"]
+
+
+@OLD_ONLY
+def test_dflash_step_reads_the_draft_as_the_plain_state_feeds_it():
+    """q = 1: DFLASH's step takes the draft from `_draft_sampler.out` when the drafter's
+    forward says it ran a graph; `NoDraft` / `EmptyDraft` answer exactly that."""
+    import torch
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from dflash_plugin.engines.sglang_adaptive_worker import EmptyDraft, NoDraft
+
+    src = inspect.getsource(DFlashWorkerV2.forward_batch_generation)
+    assert "self.draft_model_runner.forward(forward_batch)" in src
+    assert "if self._draft_sampler is not None and draft_out.can_run_graph:" in src
+    assert "self._draft_sampler.out[" in src and "speculative_num_draft_tokens=int(self.block_size)" in src
+    out = NoDraft(object()).forward(None)
+    assert out.can_run_graph and out.logits_output is None
+    bs, q = 3, 1
+    draft_next = EmptyDraft("cpu").out[: bs * (q - 1)].view(bs, q - 1)
+    assert draft_next.shape == (3, 0)
+    block = torch.zeros(bs, q, dtype=torch.int64)
+    block[:, 1:].copy_(draft_next)  # what DFLASH does with it
