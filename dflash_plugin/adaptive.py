@@ -189,7 +189,9 @@ class ServerPolicy:
     """A serving engine's block length per step (SGLang's DFLASH_ADAPTIVE): round times measured
     per concurrency (`tune.step_times`), one pooled decayed survival of every round the server
     verified, and one `BlockPolicy` per measured concurrency (its probes); a step of batch size
-    bs is decided by the row of the nearest measured concurrency (`nearest_row`). The engine
+    bs is decided by the row of the nearest measured concurrency (`nearest_row`). The given
+    times are replaced by the server's own as it measures them (`timed`): a step inside the
+    speculative engine costs what it costs there, not what another engine mode measured. The engine
     reads accepted lengths back late (SGLang: one step behind), so `observe` takes the q the
     step was issued with."""
 
@@ -202,6 +204,7 @@ class ServerPolicy:
             p = BlockPolicy(cfg, ms, max_q, max(max_q - 1, 1))
             p.survival = self.survival  # acceptance does not depend on the batch size
             self.policies[c] = p
+        self._live: dict[tuple[int, int], tuple[float, float]] = {}  # (c, q) -> decayed w, sum
 
     def blocks(self) -> list[int]:
         """Every q a step can take (the runtime states to build)."""
@@ -217,3 +220,24 @@ class ServerPolicy:
     def observe(self, bs: int, q: int, accepted: list[int]) -> None:
         """One verified step of `bs` rows issued at block length q (q - 1 drafted each)."""
         self.policies[nearest_row(list(self.policies), bs)].observe_round(q - 1, accepted)
+
+    def timed(self, bs: int, q: int, ms: float) -> None:
+        """A step time measured live (ms) of a step of `bs` rows at q: from the first one on it
+        replaces the given time of that row and q, as a decayed mean (`decay` 0.9 per sample;
+        a sample over 4x the current mean, e.g. a pause of the host, is left out)."""
+        if not ms > 0:
+            return
+        c = nearest_row(list(self.policies), bs)
+        p, key = self.policies[c], (c, q)
+        if q not in p.round_ms:
+            return
+        w, tot = self._live.get(key, (0.0, 0.0))
+        if w and ms > 4 * tot / w:
+            return
+        w, tot = 0.9 * w + 1.0, 0.9 * tot + ms
+        self._live[key] = (w, tot)
+        p.round_ms[q] = tot / w  # `choose` and the probe spacing read it
+
+    def times(self) -> dict[int, dict[int, float]]:
+        """concurrency -> {q: ms} the policy decides by now (measured live where it could)."""
+        return {c: dict(sorted(p.round_ms.items())) for c, p in self.policies.items()}

@@ -14,8 +14,9 @@ verify, and the drafter's KV of that token appended as every step does, so a lat
 from a current context. The scheduler keeps reserving W slots per request and step (SGLang's
 server args stay at W); a step reports its own q (`speculative_num_draft_tokens` of the
 result), which SGLang's result processing reads per result. The choice per step is
-`adaptive.ServerPolicy` (step times from `dflash tune --engine sglang`, acceptance from SGLang's
-`on_verify_complete_cpu`, which reads results back one step late in overlap mode).
+`adaptive.ServerPolicy`: step times from `dflash tune --engine sglang` at first, replaced by the
+server's own (launch to launch of consecutive decode steps of one batch size), acceptance from
+SGLang's `on_verify_complete_cpu` (results read back one step late in overlap mode).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import collections
 import contextlib
 import logging
 import os
+import time
 import types
 from functools import cache
 
@@ -139,11 +141,12 @@ def worker_class() -> type:
             self.max_q = w
             self._draft_mr = self.draft_model_runner  # the real one (q = 1 swaps in NoDraft)
             rows = load_step_times(getattr(server_args, FLAG, None), w)
-            self.policy = ServerPolicy(AdaptiveConfig(probe_overhead=0.02), rows, w)
+            self.policy = ServerPolicy(AdaptiveConfig(probe_overhead=0.03), rows, w)
             self._states: dict[int, dict] = {}
             self._q = w
             self._issued = collections.deque(maxlen=256)  # (bs, q) not yet read back
             self._steps = collections.Counter()  # q -> decode steps issued
+            self._last = None  # (launch time, bs, q) of the last decode step
             self._log_every = int(os.environ.get("DFLASH_ADAPTIVE_LOG_EVERY", "1000"))
 
         def _runners(self):
@@ -200,16 +203,25 @@ def worker_class() -> type:
         def forward_batch_generation(self, batch, on_publish=None):
             decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch
                           or batch.forward_mode.is_idle())
-            if decode and self._states:
-                bs = len(batch.seq_lens)
-                q = self.policy.choose(bs)
-                self._use(q)
-                self._issued.append((bs, q))
-                self._steps[q] += 1
-                n = sum(self._steps.values())
-                if self._log_every and n % self._log_every == 0:
-                    logger.info("%s: decode steps per block length %s", NAME,
-                                dict(sorted(self._steps.items())))
+            if not (decode and self._states):
+                self._last = None  # a prefill in between: no step time
+                return super().forward_batch_generation(batch, on_publish=on_publish)
+            bs, now = len(batch.seq_lens), time.perf_counter()
+            if self._last is not None and self._last[1] == bs:
+                # launch to launch at one batch size: the step's time in the overlap schedule
+                self.policy.timed(bs, self._last[2], 1e3 * (now - self._last[0]))
+            q = self.policy.choose(bs)
+            self._use(q)
+            self._issued.append((bs, q))
+            self._last = (now, bs, q)
+            self._steps[q] += 1
+            n = sum(self._steps.values())
+            if self._log_every and n % self._log_every == 0:  # warning: SGLang's level shows it
+                logger.warning("%s: %d decode steps per block length %s; step ms now %s; "
+                               "survival %s", NAME, n, dict(sorted(self._steps.items())),
+                               {c: {k: round(v, 2) for k, v in r.items()}
+                                for c, r in self.policy.times().items()},
+                               [round(v, 2) for v in self.policy.survival.values()[:8]])
             return super().forward_batch_generation(batch, on_publish=on_publish)
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):
