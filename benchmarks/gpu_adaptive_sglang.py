@@ -35,17 +35,27 @@ checkout_first()
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "examples" / "fixtures"
 MODES = ["plain", "dflash", "adaptive"]
-LABEL_K = {"plain": 0, "dflash": 15, "adaptive": 15}  # tau is computed for k > 0
+# adaptive-q1: DFLASH_ADAPTIVE given only plain step times, so every decode step is q = 1 (its
+# plain step, drafter KV still written): what a plain step costs inside the DFLASH worker
+ALL_MODES = MODES + ["adaptive-q1"]
+LABEL_K = {"plain": 0, "dflash": 15, "adaptive": 15, "adaptive-q1": 15}  # tau for k > 0
 
 
 def start(args, mode: str):
     from dflash_plugin.engines.sglang_tune import start as start_engine
 
     extra = {}
-    if mode == "adaptive":
+    if mode.startswith("adaptive"):
+        config = args.config
+        if mode == "adaptive-q1":
+            doc = json.loads(Path(args.config).read_text())
+            doc["cells"] = [c for c in doc["cells"] if c["k"] == 0]
+            config = args.out / "q1-config.json"
+            config.write_text(json.dumps(doc))
+        # log_level warning: the worker's step counts and times reach the log
         extra = dict(speculative_algorithm="DFLASH_ADAPTIVE",
                      speculative_draft_model_path=str(args.draft),
-                     speculative_adaptive_config=str(args.config))
+                     speculative_adaptive_config=str(config), log_level="warning")
     return start_engine(str(args.target), str(args.draft), 15 if mode == "dflash" else 0,
                         max_running_requests=max(args.concurrency), dtype=args.dtype,
                         extra=extra)
@@ -78,7 +88,7 @@ def identity(a: list[list[int]], b: list[list[int]]) -> dict:
 
 
 def report(out: Path) -> None:
-    docs = {m: json.loads((out / f"{m}.json").read_text()) for m in MODES
+    docs = {m: json.loads((out / f"{m}.json").read_text()) for m in ALL_MODES
             if (out / f"{m}.json").is_file()}
     rows = {}
     for m, d in docs.items():
@@ -87,11 +97,11 @@ def report(out: Path) -> None:
     print("| requests | " + " | ".join(f"{m} tok/s" for m in docs) + " | adaptive / max |")
     print("|---" * (len(docs) + 2) + "|")
     for c, r in sorted(rows.items()):
-        best = max(r[m]["tokens_per_s"] for m in ("plain", "dflash") if m in r)
+        best = max((r[m]["tokens_per_s"] for m in ("plain", "dflash") if m in r), default=0)
         ad = r.get("adaptive", {}).get("tokens_per_s")
         cols = " | ".join(f"{r[m]['tokens_per_s']:.0f}" if m in r else "-" for m in docs)
-        print(f"| {c} | {cols} | {ad / best:.3f} |" if ad else f"| {c} | {cols} | - |")
-    for m in ("dflash", "adaptive"):
+        print(f"| {c} | {cols} | {ad / best:.3f} |" if ad and best else f"| {c} | {cols} | - |")
+    for m in ("dflash", "adaptive", "adaptive-q1"):
         if "plain" in docs and m in docs:
             print(m, "vs plain:", identity(docs["plain"]["outputs"], docs[m]["outputs"]))
     if "dflash" in docs and "adaptive" in docs:
@@ -102,7 +112,7 @@ def report(out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cmd", choices=["run", "all", "report"])
-    ap.add_argument("--mode", choices=MODES)
+    ap.add_argument("--mode", choices=ALL_MODES)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--target", type=Path, default=FIX / "code-target")

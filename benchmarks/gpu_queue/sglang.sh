@@ -34,6 +34,9 @@ step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
 #     tune-sglang.json's step times) beside plain and fixed DFLASH, 1-64 requests
 step adaptive 900 python3 benchmarks/gpu_adaptive_sglang.py all --out "$R/gpu-adaptive-sglang" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
+# 2c. what a plain step costs inside the DFLASH worker (every step q = 1) beside SGLang's plain
+step adaptive-q1 600 python3 benchmarks/gpu_adaptive_sglang.py all --modes plain,adaptive-q1 \
+    --out "$R/gpu-adaptive-sglang-q1" --config benchmarks/results/gpu-engines/tune-sglang.json
 # 3. Spiffy at 8 requests: with the draft-row K/V copy (SPIFFY_COPY_DRAFT_KV=1) one token was
 #    4.15 nats off one-step decoding (2026-12-01 and -02), without it (now the default) none. Rows:
 #    the default with graphs, graphs off (flashinfer: fa3 cannot run dLLMs eagerly), the copy
