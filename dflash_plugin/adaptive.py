@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from .errors import require
 
@@ -182,7 +183,8 @@ def nearest_row(rows: list[int], bs: int) -> int:
     """The measured concurrency nearest to batch size `bs` in log scale (ties: the smaller)."""
     require(bool(rows), "rows", "needs at least one measured concurrency")
     require(bs >= 1, "batch_size", f"must be >= 1, got {bs}")
-    return min(sorted(rows), key=lambda c: abs(math.log(c) - math.log(bs)))
+    # the ratio max/min as an exact fraction: log-scale ties stay ties (floats broke some)
+    return min(sorted(rows), key=lambda c: (Fraction(max(c, bs), min(c, bs)), c))
 
 
 class ServerPolicy:

@@ -141,7 +141,8 @@ def round_ms(row: dict[int, Cell]) -> dict[int, float]:
 def step_times(doc: dict, max_q: int | None = None) -> dict[int, dict[int, float]]:
     """concurrency -> {q: ms of one step} from a `dflash tune` report (`round_ms` of its cells;
     q = k + 1, q = 1 plain), q <= max_q; what SGLang's DFLASH_ADAPTIVE decides by."""
-    require(isinstance(doc, dict) and doc.get("kind") == "dflash-tune", "speculative_adaptive_config",
+    require(isinstance(doc, dict) and doc.get("kind") == "dflash-tune",
+            "speculative_adaptive_config",
             "must be the JSON `dflash tune` writes (kind dflash-tune)")
     require(doc.get("engine") == "sglang", "speculative_adaptive_config",
             f"step times must be measured in SGLang (`dflash tune --engine sglang`), got "
@@ -151,8 +152,11 @@ def step_times(doc: dict, max_q: int | None = None) -> dict[int, dict[int, float
                  for c in doc.get("cells", [])]
     except (KeyError, TypeError) as e:
         raise ConfigError("speculative_adaptive_config", f"a cell lacks a field: {e}") from e
-    rows = {c: {q: ms for q, ms in round_ms(row).items() if max_q is None or q <= max_q}
-            for c, row in _by_concurrency(cells).items()}
+    try:
+        rows = {c: {q: ms for q, ms in round_ms(row).items() if max_q is None or q <= max_q}
+                for c, row in _by_concurrency(cells).items()}
+    except (TypeError, ConfigError) as e:
+        raise ConfigError("speculative_adaptive_config", f"bad cell: {e}") from e
     rows = {c: r for c, r in rows.items() if r}
     require(bool(rows), "speculative_adaptive_config",
             f"no measured step time with a block length <= {max_q}")

@@ -6,9 +6,9 @@ target_layer_ids}`, `block_size` and `num_target_layers`, so a drafter trained h
 unchanged. What SGLang lacks is registered under a name of its own by the `sglang.srt.plugins`
 entry point `dflash_plugin` (`register`): DFLASH_TREE, tree drafting verified through SGLang's
 EAGLE tree path (`sglang_tree_algo.py`, `sglang_tree_worker.py`), and DFLASH_ADAPTIVE, DFLASH
-with its block length chosen per step (`sglang_adaptive.py`, `sglang_adaptive_worker.py`). `check_draft_for_sglang`
-(`sglang_checks.py`) runs SGLang's own parser and target-layer selection on a drafter plus our
-pair check. Builtin algorithm names are reserved in SGLang.
+with its block length chosen per step (`sglang_adaptive.py`, `sglang_adaptive_worker.py`).
+`check_draft_for_sglang` (`sglang_checks.py`) runs SGLang's own parser and target-layer
+selection on a drafter plus our pair check. Builtin algorithm names are reserved in SGLang.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 retrieve links (SGLang's greedy rule) against `tree.walk_tree`; the server-arg rules of
 `sglang_tree_algo.py` that need no SGLang. The same checks against SGLang's own verify kernel,
 registration and ServerArgs run in `sglang_env/checks_tree.py` (the worker's conformance with
-0.5.16: `checks_tree_worker.py`; DFLASH_ADAPTIVE: `checks_adaptive.py`): in the 0.5.23 env through `test_sglang.py` (its `checks*.py`
-glob), in the 0.5.16 env here (`test_in_sglang_0_5_16`).
+0.5.16: `checks_tree_worker.py`; DFLASH_ADAPTIVE: `checks_adaptive.py`): in the 0.5.23 env
+through `test_sglang.py` (its `checks*.py` glob), in the 0.5.16 env here
+(`test_in_sglang_0_5_16`).
 """
 
 import sys
@@ -210,8 +211,8 @@ def legacy_results(tmp_path_factory):
 
 
 def test_in_sglang_0_5_16(legacy_results):
-    """checks_tree.py, checks_tree_worker.py and checks_adaptive.py against sglang==0.5.16, one subprocess: none may
-    fail (0.5.23-only checks skip)."""
+    """checks_tree.py, checks_tree_worker.py and checks_adaptive.py against sglang==0.5.16,
+    one subprocess: none may fail (0.5.23-only checks skip)."""
     assert legacy_results, "no checks ran"
     failed = {k: v[1] for k, v in legacy_results.items() if v[0] == "failed"}
     assert not failed, "\n\n".join(f"{k}:\n{v}" for k, v in failed.items())

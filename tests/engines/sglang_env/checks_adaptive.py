@@ -88,10 +88,12 @@ LAST = ("device: DFLASH_ADAPTIVE needs a CUDA device" if OLD else
 
 @pytest.mark.parametrize("extra,message", [
     ([], "speculative_adaptive_config: required for DFLASH_ADAPTIVE"),
-    (["--speculative-adaptive-config", "/nonexistent.json"], "speculative_adaptive_config: no such file"),
+    (["--speculative-adaptive-config", "/nonexistent.json"],
+     "speculative_adaptive_config: no such file"),
     (["CONFIG", "--speculative-num-draft-tokens", "17"],
      r"speculative_num_draft_tokens: must be in \[2, 16\]"),
-    (["CONFIG", "--speculative-eagle-topk", "4"], "speculative_eagle_topk: DFLASH_ADAPTIVE drafts one path"),
+    (["CONFIG", "--speculative-eagle-topk", "4"],
+     "speculative_eagle_topk: DFLASH_ADAPTIVE drafts one path"),
     (["CONFIG"], LAST),
 ])
 def test_launch_validation_errors(extra, message, tune_json):
@@ -167,7 +169,8 @@ def test_dflash_step_reads_the_draft_as_the_plain_state_feeds_it():
     src = inspect.getsource(DFlashWorkerV2.forward_batch_generation)
     assert "self.draft_model_runner.forward(forward_batch)" in src
     assert "if self._draft_sampler is not None and draft_out.can_run_graph:" in src
-    assert "self._draft_sampler.out[" in src and "speculative_num_draft_tokens=int(self.block_size)" in src
+    assert "self._draft_sampler.out[" in src
+    assert "speculative_num_draft_tokens=int(self.block_size)" in src
     out = NoDraft(object()).forward(None)
     assert out.can_run_graph and out.logits_output is None
     bs, q = 3, 1
