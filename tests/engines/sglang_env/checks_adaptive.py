@@ -178,3 +178,54 @@ def test_dflash_step_reads_the_draft_as_the_plain_state_feeds_it():
     assert draft_next.shape == (3, 0)
     block = torch.zeros(bs, q, dtype=torch.int64)
     block[:, 1:].copy_(draft_next)  # what DFLASH does with it
+
+
+@OLD_ONLY
+def test_switching_states_swaps_worker_and_runner_attributes():
+    """`_use(q)`: the worker's block attributes and both runners' backends / graphs come from
+    q's state; buffers a state grew are kept for its next turn; q = 1 drafts nothing and
+    leaves the drafter's backend as it was. Stand-in runners (attributes only), the real class."""
+    import collections
+    from types import SimpleNamespace
+
+    from dflash_plugin.adaptive import AdaptiveConfig, ServerPolicy
+    from dflash_plugin.engines import sglang_adaptive_worker as w
+
+    cls = w.worker_class()
+    worker = cls.__new__(cls)  # no SGLang start-up: only what _use and the read-back touch
+    target = SimpleNamespace(attn_backend="target-16", decode_cuda_graph_runner="tgraph-16")
+    draft = SimpleNamespace(attn_backend="draft-16", decode_cuda_graph_runner="dgraph-16")
+    worker.__dict__.update(_target_worker=SimpleNamespace(model_runner=target), _draft_mr=draft,
+                           draft_model_runner=draft, _q=16)
+    worker.__dict__.update(w.fresh_attrs(16, "cpu", "offsets-16", "spec-16"))
+    worker._draft_block_ids_buf = "ids-16"
+    worker._states = {16: worker._snapshot()}
+    one = w.fresh_attrs(1, "cpu", "offsets-1", "spec-1")
+    one.update(draft_model_runner=w.NoDraft(draft), _draft_sampler=w.EmptyDraft("cpu"),
+               target={"attn_backend": "target-1", "decode_cuda_graph_runner": "tgraph-1"},
+               draft={"attn_backend": "draft-16", "decode_cuda_graph_runner": "dgraph-16"})
+    worker._states[1] = one
+
+    worker._use(1)
+    assert (worker.block_size, worker.speculative_num_draft_tokens) == (1, 1)
+    assert (target.attn_backend, target.decode_cuda_graph_runner) == ("target-1", "tgraph-1")
+    assert draft.attn_backend == "draft-16" and isinstance(worker.draft_model_runner, w.NoDraft)
+    assert worker.draft_model_runner.attn_backend == "draft-16"  # the real runner's, delegated
+    assert worker._draft_block_ids_buf is None
+    worker._draft_block_ids_buf = "ids-1"  # grown during q = 1's step
+    worker._use(16)
+    assert worker._draft_block_ids_buf == "ids-16" and worker.draft_model_runner is draft
+    assert (target.attn_backend, worker._block_pos_offsets) == ("target-16", "offsets-16")
+    worker._use(1)
+    assert worker._draft_block_ids_buf == "ids-1"
+
+    # read-back: accepted counts go to the step they belong to, in issue order
+    rows = {1: {1: 1.0, 16: 2.0}}
+    worker.policy = ServerPolicy(AdaptiveConfig(), rows, 16)
+    worker._issued = collections.deque([(1, 16), (1, 1)])
+    seen = []
+    worker.policy.observe = lambda bs, q, acc: seen.append((bs, q, acc))
+    worker.on_verify_complete_cpu([3], batch_size=1)
+    worker.on_verify_complete_cpu([0], batch_size=1)
+    worker.on_verify_complete_cpu([5], batch_size=1)  # nothing issued: ignored
+    assert seen == [(1, 16, [3]), (1, 1, [0])]
