@@ -119,17 +119,6 @@ def spec_class() -> type:
 
 def register(worker_factory=None) -> bool:
     """Register DFLASH_ADAPTIVE (idempotent: True when this call registered it)."""
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang.srt.speculative.spec_registry import get_spec
+    from .sglang_tree_algo import register_algorithm
 
-    have = get_spec(NAME)
-    if have is not None:
-        if type(have).__name__ != "DFlashAdaptiveAlgo":
-            raise ConfigError("speculative_algorithm",
-                              f"{NAME} is already registered by {type(have).__module__}")
-        return False
-    require(worker_factory is not None, "worker_factory", f"needed to register {NAME}")
-    SpeculativeAlgorithm.register(NAME, supports_overlap=True,
-                                  validate_server_args=validate_server_args,
-                                  spec_class=spec_class())(worker_factory)
-    return True
+    return register_algorithm(NAME, spec_class(), validate_server_args, worker_factory)

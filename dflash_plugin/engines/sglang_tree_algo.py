@@ -211,22 +211,26 @@ def spec_class() -> type:
     return DFlashTreeAlgo
 
 
-def register(worker_factory=None) -> bool:
-    """Register DFLASH_TREE with SGLang's speculative registry, `worker_factory(server_args)`
-    giving the worker class (`sglang_tree_worker.worker_factory`); idempotent: True when this
-    call registered it. Raises if the name is taken by someone else's class."""
+def register_algorithm(name: str, cls: type, validate, worker_factory) -> bool:
+    """Register `name` with SGLang's speculative registry (spec class `cls`, launch validator
+    `validate`, `worker_factory(server_args)` giving the worker class); idempotent: True when
+    this call registered it. Raises if the name is taken by another class."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import get_spec
 
-    have = get_spec(NAME)
+    have = get_spec(name)
     if have is not None:
-        if type(have).__name__ != "DFlashTreeAlgo" or \
-                type(have).__module__ != spec_class().__module__:
+        if type(have).__name__ != cls.__name__ or type(have).__module__ != cls.__module__:
             raise ConfigError("speculative_algorithm",
-                              f"{NAME} is already registered by {type(have).__module__}")
+                              f"{name} is already registered by {type(have).__module__}")
         return False
-    require(worker_factory is not None, "worker_factory", f"needed to register {NAME}")
-    SpeculativeAlgorithm.register(NAME, supports_overlap=True,
-                                  validate_server_args=validate_server_args,
-                                  spec_class=spec_class())(worker_factory)
+    require(worker_factory is not None, "worker_factory", f"needed to register {name}")
+    SpeculativeAlgorithm.register(name, supports_overlap=True, validate_server_args=validate,
+                                  spec_class=cls)(worker_factory)
     return True
+
+
+def register(worker_factory=None) -> bool:
+    """Register DFLASH_TREE (`register_algorithm`; the worker factory is
+    `sglang_tree_worker.worker_factory`)."""
+    return register_algorithm(NAME, spec_class(), validate_server_args, worker_factory)
