@@ -189,31 +189,38 @@ def nearest_row(rows: list[int], bs: int) -> int:
 
 class ServerPolicy:
     """A serving engine's block length per step (SGLang's DFLASH_ADAPTIVE): round times measured
-    per concurrency (`tune.step_times`), one pooled decayed survival of every round the server
-    verified, and one `BlockPolicy` per measured concurrency (its probes); a step of batch size
-    bs is decided by the row of the nearest measured concurrency (`nearest_row`). The given
-    times are replaced by the server's own as it measures them (`timed`): a step inside the
-    speculative engine costs what it costs there, not what another engine mode measured. The engine
-    reads accepted lengths back late (SGLang: one step behind), so `observe` takes the q the
-    step was issued with."""
+    per concurrency (`engines.sglang_adaptive.step_times`), one pooled decayed survival of every
+    round the server verified, and one `BlockPolicy` per measured concurrency (its probes); a
+    step of batch size bs is decided by the row of the nearest measured concurrency
+    (`nearest_row`). The given times are replaced by the server's own as it measures them
+    (`timed`): a step inside the speculative engine costs what it costs there, not what another
+    engine mode measured. The engine reads accepted lengths back late (SGLang: one step behind),
+    so `observe` takes the q the step was issued with."""
 
     def __init__(self, cfg: AdaptiveConfig, rows: dict[int, dict[int, float]], max_q: int):
         require(bool(rows), "rows", "needs round times of at least one concurrency")
         require(max_q >= 1, "max_q", f"must be >= 1, got {max_q}")
-        self.survival = Survival(max(max_q - 1, 1), cfg.decay, cfg.prior)
+        positions = max(max_q - 1, 1)
+        self.survival = Survival(positions, cfg.decay, cfg.prior)
         self.policies = {}
         for c, ms in sorted(rows.items()):
-            p = BlockPolicy(cfg, ms, max_q, max(max_q - 1, 1))
+            p = BlockPolicy(cfg, ms, max_q, positions)
             p.survival = self.survival  # acceptance does not depend on the batch size
             self.policies[c] = p
         self._live: dict[tuple[int, int], tuple[float, float]] = {}  # (c, q) -> decayed w, sum
+        self._rows: dict[int, int] = {}  # batch size -> its row (looked up every step)
+
+    def _row(self, bs: int) -> int:
+        if bs not in self._rows:
+            self._rows[bs] = nearest_row(list(self.policies), bs)
+        return self._rows[bs]
 
     def blocks(self) -> list[int]:
         """Every q a step can take (the runtime states to build)."""
         return sorted({q for p in self.policies.values() for q in p.round_ms})
 
     def choose(self, bs: int) -> int:
-        p = self.policies[nearest_row(list(self.policies), bs)]
+        p = self.policies[self._row(bs)]
         q, most = p.choose()
         if most == 1 and q == p.probe_q:
             p.short_rounds = 0  # a probe: its round is read back late, do not repeat it
@@ -221,7 +228,7 @@ class ServerPolicy:
 
     def observe(self, bs: int, q: int, accepted: list[int]) -> None:
         """One verified step of `bs` rows issued at block length q (q - 1 drafted each)."""
-        self.policies[nearest_row(list(self.policies), bs)].observe_round(q - 1, accepted)
+        self.policies[self._row(bs)].observe_round(q - 1, accepted)
 
     def timed(self, bs: int, q: int, ms: float) -> None:
         """A step time measured live (ms) of a step of `bs` rows at q: from the first one on it
@@ -229,7 +236,7 @@ class ServerPolicy:
         a sample over 4x the current mean, e.g. a pause of the host, is left out)."""
         if not ms > 0:
             return
-        c = nearest_row(list(self.policies), bs)
+        c = self._row(bs)
         p, key = self.policies[c], (c, q)
         if q not in p.round_ms:
             return

@@ -102,7 +102,7 @@ def validate_candidates(candidates: list[int], block_size: int) -> list[int]:
     return sorted(set(candidates))
 
 
-def _by_concurrency(cells: list[Cell]) -> dict[int, dict[int, Cell]]:
+def by_concurrency(cells: list[Cell]) -> dict[int, dict[int, Cell]]:
     out: dict[int, dict[int, Cell]] = {}
     for c in cells:
         require(c.k >= 0 and c.concurrency >= 1 and c.tokens_per_s >= 0, "cells",
@@ -124,7 +124,7 @@ def best_k(row: dict[int, Cell], min_gain: float = 0.02) -> int:
 
 def choose(cells: list[Cell], min_gain: float = 0.02) -> dict[int, int]:
     """concurrency -> chosen k."""
-    return {c: best_k(row, min_gain) for c, row in sorted(_by_concurrency(cells).items())}
+    return {c: best_k(row, min_gain) for c, row in sorted(by_concurrency(cells).items())}
 
 
 def round_ms(row: dict[int, Cell]) -> dict[int, float]:
@@ -136,31 +136,6 @@ def round_ms(row: dict[int, Cell]) -> dict[int, float]:
         if tau and cell.tokens_per_s > 0:
             out[k + 1] = 1e3 * cell.concurrency * tau / cell.tokens_per_s
     return out
-
-
-def step_times(doc: dict, max_q: int | None = None) -> dict[int, dict[int, float]]:
-    """concurrency -> {q: ms of one step} from a `dflash tune` report (`round_ms` of its cells;
-    q = k + 1, q = 1 plain), q <= max_q; what SGLang's DFLASH_ADAPTIVE decides by."""
-    require(isinstance(doc, dict) and doc.get("kind") == "dflash-tune",
-            "speculative_adaptive_config",
-            "must be the JSON `dflash tune` writes (kind dflash-tune)")
-    require(doc.get("engine") == "sglang", "speculative_adaptive_config",
-            f"step times must be measured in SGLang (`dflash tune --engine sglang`), got "
-            f"engine {doc.get('engine')!r}")
-    try:
-        cells = [Cell(**{k: c[k] for k in ("k", "concurrency", "tokens_per_s", "tau")})
-                 for c in doc.get("cells", [])]
-    except (KeyError, TypeError) as e:
-        raise ConfigError("speculative_adaptive_config", f"a cell lacks a field: {e}") from e
-    try:
-        rows = {c: {q: ms for q, ms in round_ms(row).items() if max_q is None or q <= max_q}
-                for c, row in _by_concurrency(cells).items()}
-    except (TypeError, ConfigError) as e:
-        raise ConfigError("speculative_adaptive_config", f"bad cell: {e}") from e
-    rows = {c: r for c, r in rows.items() if r}
-    require(bool(rows), "speculative_adaptive_config",
-            f"no measured step time with a block length <= {max_q}")
-    return rows
 
 
 def model_k(row: dict[int, Cell]) -> int | None:
@@ -236,7 +211,7 @@ def report(cells: list[Cell], *, engine: str, draft: str, target_concurrency: in
     over plain, and the engine config for `target_concurrency` (default: the largest measured,
     the load where speculation pays least) plus, for vLLM, the per-batch-size table."""
     require(engine in ("vllm", "sglang"), "engine", f"must be vllm or sglang, got {engine!r}")
-    rows = _by_concurrency(cells)
+    rows = by_concurrency(cells)
     choice = choose(cells, min_gain)
     target = max(choice) if target_concurrency is None else target_concurrency
     require(target >= 1, "--target-concurrency", f"must be >= 1, got {target}")

@@ -15,23 +15,44 @@ SGLang is imported lazily.
 from __future__ import annotations
 
 import json
-import logging
 from functools import cache
 from pathlib import Path
 
 from ..errors import ConfigError, require
-
-logger = logging.getLogger(__name__)
+from ..tune import Cell, by_concurrency, round_ms
 
 NAME = "DFLASH_ADAPTIVE"
 FLAG = "speculative_adaptive_config"
 
 
+def step_times(doc: dict, max_q: int | None = None) -> dict[int, dict[int, float]]:
+    """concurrency -> {q: ms of one step} from a `dflash tune` report (`round_ms` of its cells;
+    q = k + 1, q = 1 plain), q <= max_q; what SGLang's DFLASH_ADAPTIVE decides by."""
+    require(isinstance(doc, dict) and doc.get("kind") == "dflash-tune",
+            FLAG,
+            "must be the JSON `dflash tune` writes (kind dflash-tune)")
+    require(doc.get("engine") == "sglang", FLAG,
+            f"step times must be measured in SGLang (`dflash tune --engine sglang`), got "
+            f"engine {doc.get('engine')!r}")
+    try:
+        cells = [Cell(**{k: c[k] for k in ("k", "concurrency", "tokens_per_s", "tau")})
+                 for c in doc.get("cells", [])]
+    except (KeyError, TypeError) as e:
+        raise ConfigError(FLAG, f"a cell lacks a field: {e}") from e
+    try:
+        rows = {c: {q: ms for q, ms in round_ms(row).items() if max_q is None or q <= max_q}
+                for c, row in by_concurrency(cells).items()}
+    except (TypeError, ConfigError) as e:
+        raise ConfigError(FLAG, f"bad cell: {e}") from e
+    rows = {c: r for c, r in rows.items() if r}
+    require(bool(rows), FLAG,
+            f"no measured step time with a block length <= {max_q}")
+    return rows
+
+
 def load_step_times(path: str | None, max_q: int) -> dict[int, dict[int, float]]:
     """concurrency -> {q: ms} from the tune JSON at `path`, q <= max_q, or a `ConfigError`
     naming the flag."""
-    from ..tune import step_times
-
     require(path is not None, FLAG,
             f"required for {NAME}: the JSON of `dflash tune --engine sglang` (its step times)")
     p = Path(path)

@@ -48,7 +48,7 @@ STATE_ATTRS = (
 RUNNER_ATTRS = ("attn_backend", "decode_cuda_graph_runner")
 
 
-def fresh_attrs(q: int, device, offsets, spec_info) -> dict:
+def fresh_attrs(q: int, offsets, spec_info) -> dict:
     """A new state's worker attributes before its first step (buffers grow on first use, as
     DFLASH's do)."""
     return dict(block_size=q, speculative_num_draft_tokens=q, _block_pos_offsets=offsets,
@@ -160,7 +160,7 @@ def worker_class() -> type:
 
         def _build_state(self, q: int, graphs: bool) -> dict:
             dev = self.device
-            st = fresh_attrs(q, dev, build_block_pos_offsets(length=q, device=dev),
+            st = fresh_attrs(q, build_block_pos_offsets(length=q, device=dev),
                              make_draft_block_spec_info(draft_token_num=q, device=dev))
             target, draft = self.target_worker.model_runner, self._draft_mr
             with draft_tokens_set_to([self.server_args, target.server_args,

@@ -129,7 +129,7 @@ def test_worker_subclasses_dflash_and_swaps_only_what_dflash_sets():
     init = inspect.getsource(DFlashWorkerV2.__init__)
     for a in w.STATE_ATTRS:  # each swapped attribute is one DFLASH's __init__ sets
         assert f"self.{a} =" in init or f"self.{a}: " in init, a
-    fresh = w.fresh_attrs(3, "cpu", None, None)
+    fresh = w.fresh_attrs(3, None, None)
     assert set(fresh) | {"draft_model_runner"} == set(w.STATE_ATTRS)
     assert list(inspect.signature(DFlashWorkerV2.__init__).parameters) == [
         "self", "server_args", "gpu_id", "ps", "nccl_port", "target_worker"]
@@ -197,10 +197,10 @@ def test_switching_states_swaps_worker_and_runner_attributes():
     draft = SimpleNamespace(attn_backend="draft-16", decode_cuda_graph_runner="dgraph-16")
     worker.__dict__.update(_target_worker=SimpleNamespace(model_runner=target), _draft_mr=draft,
                            draft_model_runner=draft, _q=16)
-    worker.__dict__.update(w.fresh_attrs(16, "cpu", "offsets-16", "spec-16"))
+    worker.__dict__.update(w.fresh_attrs(16, "offsets-16", "spec-16"))
     worker._draft_block_ids_buf = "ids-16"
     worker._states = {16: worker._snapshot()}
-    one = w.fresh_attrs(1, "cpu", "offsets-1", "spec-1")
+    one = w.fresh_attrs(1, "offsets-1", "spec-1")
     one.update(draft_model_runner=w.NoDraft(draft), _draft_sampler=w.EmptyDraft("cpu"),
                target={"attn_backend": "target-1", "decode_cuda_graph_runner": "tgraph-1"},
                draft={"attn_backend": "draft-16", "decode_cuda_graph_runner": "dgraph-16"})

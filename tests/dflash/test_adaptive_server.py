@@ -1,0 +1,213 @@
+"""The serving policy of SGLang's DFLASH_ADAPTIVE (`adaptive.ServerPolicy`), engine-free: the
+nearest measured concurrency of a batch size, step times from a `dflash tune` report
+(`engines.sglang_adaptive.step_times`), live step times, shared survival, probes."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_plugin.adaptive import AdaptiveConfig, ServerPolicy, nearest_row
+from dflash_plugin.engines.sglang_adaptive import step_times
+from dflash_plugin.errors import ConfigError
+
+TUNE_SGLANG = (Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu-engines"
+               / "tune-sglang.json")
+ROWS = [1, 4, 8, 16, 32, 64]
+
+
+def _tune_doc(cells, **kw):
+    return {"kind": "dflash-tune", "engine": "sglang", "cells": cells, **kw}
+
+
+SMALL_TUNE = _tune_doc([{"k": 0, "concurrency": 1, "tokens_per_s": 800.0, "tau": None},
+                        {"k": 15, "concurrency": 1, "tokens_per_s": 1600.0, "tau": 5.0}])
+
+
+@pytest.mark.parametrize("rows,bs,want", [
+    (ROWS, 1, 1),
+    (ROWS, 2, 1),  # log 2 is as far from log 1 as from log 4: the smaller
+    (ROWS, 3, 4),
+    (ROWS, 6, 8),
+    (ROWS, 100, 64),  # past the largest: the largest
+    ([64, 8, 1], 5, 8),  # order of the rows does not matter
+    ([64, 16], 32, 16),  # an exact tie in log scale, rows unsorted: the smaller
+    ([2, 8], 4, 2),
+])
+def test_nearest_row_table(rows, bs, want):
+    """The measured concurrency nearest in log scale, ties to the smaller."""
+    assert nearest_row(rows, bs) == want
+
+
+def test_nearest_row_bad_input():
+    """No rows, or a batch size below 1, is a ConfigError naming the argument."""
+    with pytest.raises(ConfigError, match="rows"):
+        nearest_row([], 4)
+    with pytest.raises(ConfigError, match="batch_size"):
+        nearest_row([1, 4], 0)
+
+
+def test_step_times_from_a_small_report():
+    """ms = 1e3 * c * tau / tokens_per_s, q = k + 1, plain counting tau 1; max_q drops longer q."""
+    assert step_times(SMALL_TUNE) == {1: pytest.approx({1: 1.25, 16: 3.125})}
+    assert step_times(SMALL_TUNE, max_q=16) == step_times(SMALL_TUNE)  # q <= max_q kept
+    assert step_times(SMALL_TUNE, max_q=8) == {1: pytest.approx({1: 1.25})}
+
+
+def test_step_times_of_the_recorded_sglang_tune():
+    """The H200 tune report: every row's q = k + 1 with the formula's times; it seeds a policy."""
+    doc = json.loads(TUNE_SGLANG.read_text())
+    rows = step_times(doc)
+    assert sorted(rows) == ROWS and all(sorted(r) == [1, 8, 16] for r in rows.values())
+    for cell in doc["cells"]:
+        tau = 1.0 if cell["k"] == 0 else cell["tau"]
+        want = 1e3 * cell["concurrency"] * tau / cell["tokens_per_s"]
+        assert rows[cell["concurrency"]][cell["k"] + 1] == pytest.approx(want)
+    assert rows[1][1] == pytest.approx(1e3 / 824.5225592760106)
+    assert all(sorted(r) == [1, 8] for r in step_times(doc, max_q=15).values())
+    assert ServerPolicy(AdaptiveConfig(), rows, max_q=16).blocks() == [1, 8, 16]
+
+
+def test_step_times_drops_cells_without_tau_and_empty_rows():
+    """A k > 0 cell without tau has no step time; a row left empty is left out."""
+    doc = _tune_doc(SMALL_TUNE["cells"] + [
+        {"k": 15, "concurrency": 4, "tokens_per_s": 3000.0, "tau": None}])
+    assert sorted(step_times(doc)) == [1]
+
+
+@pytest.mark.parametrize("doc,max_q,match", [
+    ({**SMALL_TUNE, "kind": "dflash-bench"}, None, "kind dflash-tune"),
+    ([SMALL_TUNE], None, "kind dflash-tune"),  # not a dict
+    ({**SMALL_TUNE, "engine": "vllm"}, None, "engine 'vllm'"),
+    ({k: v for k, v in SMALL_TUNE.items() if k != "engine"}, None, "engine None"),
+    (_tune_doc([{"k": 0, "concurrency": 1, "tokens_per_s": 800.0}]), None, "lacks a field"),
+    (_tune_doc([7]), None, "lacks a field"),  # a cell that is not an object
+    (_tune_doc([]), None, "no measured step time"),
+    (_tune_doc([SMALL_TUNE["cells"][1]]), 8, "block length <= 8"),  # only q = 16 measured
+    (_tune_doc([{"k": 0, "concurrency": 1, "tokens_per_s": "fast", "tau": None}]), None,
+     "bad cell"),
+    (_tune_doc([{"k": 0, "concurrency": 0, "tokens_per_s": 800.0, "tau": None}]), None,
+     "bad cell"),
+])
+def test_step_times_bad_input(doc, max_q, match):
+    """Wrong kind or engine, malformed cells, nothing at q <= max_q: ConfigError naming the
+    SGLang option."""
+    with pytest.raises(ConfigError, match=f"speculative_adaptive_config.*{match}"):
+        step_times(doc, max_q)
+
+
+LAUNCH = {1: 1.0, 8: 1.2, 16: 1.4}  # speculation cheap
+COMPUTE = {1: 1.0, 8: 8.0, 16: 16.0}  # a round costs q plain steps
+
+
+def test_server_policy_all_accepted_takes_the_longest_q():
+    """Every draft accepted, at a row where long rounds are cheap: q = max."""
+    policy = ServerPolicy(AdaptiveConfig(), {1: LAUNCH}, max_q=16)
+    for _ in range(20):
+        policy.observe(1, 16, [15])
+    assert policy.choose(1) == 16
+
+
+def test_server_policy_no_acceptance_goes_plain():
+    """The prior picks speculation; after enough rounds with no accepted draft, q = 1."""
+    policy = ServerPolicy(AdaptiveConfig(), {1: LAUNCH}, max_q=16)
+    assert policy.choose(1) == 16  # prior s_k = 0.5
+    for _ in range(60):
+        policy.observe(1, 16, [0, 0])
+    assert policy.choose(1) == 1
+
+
+def test_server_policy_rows_have_own_times_and_share_survival():
+    """Rows decide by their own times (bs 6 -> row 8), but acceptance seen at one row counts
+    at every row; `timed` changes only its own row."""
+    policy = ServerPolicy(AdaptiveConfig(), {1: dict(LAUNCH), 8: dict(COMPUTE)}, max_q=16)
+    for _ in range(20):
+        policy.observe(1, 16, [15])
+    assert policy.choose(1) == 16  # cheap long rounds
+    assert policy.choose(6) == 1  # row 8: compute-bound, plain at the same acceptance
+    policy.timed(1, 16, 2.0)
+    assert policy.times() == {1: {1: 1.0, 8: 1.2, 16: 2.0}, 8: COMPUTE}
+    shared = ServerPolicy(AdaptiveConfig(), {1: LAUNCH, 8: LAUNCH}, max_q=16)
+    for _ in range(60):
+        shared.observe(8, 16, [0] * 8)  # rejections seen at row 8 only
+    assert shared.choose(1) == 1  # row 1 (never observed) goes plain too; its prior says 16
+
+
+def test_server_policy_observe_takes_the_issued_q():
+    """A step issued at q drafted q - 1 positions: later ones keep the prior; q = 1 drafts none."""
+    policy = ServerPolicy(AdaptiveConfig(decay=0.5), {1: LAUNCH}, max_q=16)
+    policy.observe(1, 1, [0])
+    assert policy.survival.values() == [0.5] * 15
+    for _ in range(10):
+        policy.observe(1, 8, [7])  # positions 1-7 drafted and accepted
+    v = policy.survival.values()
+    assert v[6] > 0.99 and v[7:] == [0.5] * 8
+
+
+def test_server_policy_timed_replaces_then_averages_and_drops_outliers():
+    """The first live sample replaces the tune's time; later ones make a decayed mean (0.9);
+    a sample over 4x the mean, or not positive, is left out."""
+    policy = ServerPolicy(AdaptiveConfig(), {1: {1: 1.0, 16: 3.0}}, max_q=16)
+    policy.timed(1, 1, 2.0)
+    assert policy.times()[1][1] == 2.0
+    policy.timed(1, 1, 8.5)  # > 4 x 2.0: a host pause
+    policy.timed(1, 1, 0.0)
+    assert policy.times()[1][1] == 2.0
+    policy.timed(1, 1, 8.0)  # exactly 4x is kept
+    assert policy.times()[1][1] == pytest.approx((0.9 * 2.0 + 8.0) / 1.9)
+    assert policy.times()[1][16] == 3.0
+
+
+def test_server_policy_timed_ignores_unmeasured_q():
+    """A live time of a q the row does not have (or that is over max_q) is ignored."""
+    policy = ServerPolicy(AdaptiveConfig(), {1: {1: 1.0, 16: 3.0}, 4: {1: 1.0, 8: 2.0}}, max_q=8)
+    policy.timed(1, 8, 1.0)  # row 1 has no q = 8
+    policy.timed(1, 16, 1.0)  # over max_q
+    policy.timed(4, 4, 1.0)
+    assert policy.times() == {1: {1: 1.0}, 4: {1: 1.0, 8: 2.0}}
+    assert policy.blocks() == [1, 8]
+
+
+def test_server_policy_live_plain_time_flips_to_speculation():
+    """Tune: plain 1 ms, q 16 3 ms, tau ~2.5 -> plain; plain measured at 3 ms live -> q 16."""
+    policy = ServerPolicy(AdaptiveConfig(), {1: {1: 1.0, 16: 3.0}}, max_q=16)
+    for _ in range(100):
+        policy.observe(1, 16, [1, 2])  # s_1 = 1, s_2 = 0.5, the rest 0: E(16) ~ 2.5
+    assert 1 + sum(policy.survival.values()) == pytest.approx(2.5, abs=0.01)
+    assert policy.choose(1) == 1
+    policy.timed(1, 1, 3.0)
+    assert policy.choose(1) == 16
+
+
+def test_server_policy_probe_is_not_repeated_before_its_readback():
+    """While plain, one probe at the longest q after `spacing` plain steps; the next choice is
+    plain again although the probe's acceptance is not read back yet."""
+    cfg = AdaptiveConfig(probe_every=4, probe_overhead=0.5)
+    policy = ServerPolicy(cfg, {1: LAUNCH}, max_q=16)
+    for _ in range(60):
+        policy.observe(1, 16, [0])
+    assert policy.policies[1].spacing(1) == 4
+    for _ in range(3):
+        policy.observe(1, 1, [0])  # plain steps: nothing drafted
+    assert policy.choose(1) == 1
+    policy.observe(1, 1, [0])
+    assert policy.choose(1) == 16  # the probe
+    assert policy.choose(1) == 1  # not again on the very next step
+    assert policy.choose(1) == 1
+
+
+def test_server_policy_blocks_is_the_union_of_rows():
+    """blocks(): every q of any row, sorted, q <= max_q."""
+    rows = {1: {1: 1.0, 16: 2.0}, 8: {1: 1.0, 4: 1.5, 8: 2.0}}
+    assert ServerPolicy(AdaptiveConfig(), rows, max_q=16).blocks() == [1, 4, 8, 16]
+    assert ServerPolicy(AdaptiveConfig(), rows, max_q=8).blocks() == [1, 4, 8]
+
+
+def test_server_policy_bad_input():
+    """No rows, max_q < 1, or a row with no q <= max_q: ConfigError."""
+    with pytest.raises(ConfigError, match="rows"):
+        ServerPolicy(AdaptiveConfig(), {}, max_q=16)
+    with pytest.raises(ConfigError, match="max_q"):
+        ServerPolicy(AdaptiveConfig(), {1: {1: 1.0}}, max_q=0)
+    with pytest.raises(ConfigError, match="round_ms"):
+        ServerPolicy(AdaptiveConfig(), {1: {1: 1.0}, 8: {16: 2.0}}, max_q=8)
