@@ -15,6 +15,14 @@ sglang` report (`--config`) and logs its steps per block length every 200 steps
     python benchmarks/gpu_adaptive_sglang.py all --out $O \
         --config benchmarks/results/gpu-engines/tune-sglang.json
     python benchmarks/gpu_adaptive_sglang.py report --out $O
+
+`profile` runs each mode's engine with the stack sampler (`benchmarks/stack_sampler`) on its
+processes: per concurrency an untimed pass, then 16 x c requests of 128 tokens sampled and
+timed (`M-profile.json`), and `stack_report.py`'s call tree of SGLang's scheduler loop per
+mode (`stacks-M.json`): where a decode step's host time goes.
+
+    python benchmarks/gpu_adaptive_sglang.py profile --modes plain,adaptive-q1 \
+        --concurrency 16,64 --out $O-profile
 """
 
 from __future__ import annotations
@@ -80,6 +88,35 @@ def run_mode(args, mode: str) -> dict:
             "outputs": [o.token_ids for o in outs], "config": str(args.config)}
 
 
+def profile_mode(args, mode: str) -> dict:
+    """Sampled rows of one engine (the sampler's label file switches sampling on)."""
+    from dflash_plugin.engines.sglang_tune import closed_loop
+    from dflash_plugin.engines.vllm_tune import prompt_ids
+
+    ids = prompt_ids(str(args.target), str(args.prompts), 2048 - args.max_new_tokens - 24)
+    label = Path(os.environ["STACK_SAMPLE_DIR"]) / "label"
+    engine = start(args, mode)
+    rows = []
+    try:
+        for c in args.concurrency:
+            closed_loop(engine, ids[:c], 16, c)
+            batch = [ids[i % len(ids)] for i in range(16 * c)]
+            label.write_text(f"c{c}")
+            t0 = time.perf_counter()
+            done = closed_loop(engine, batch, args.max_new_tokens, c)
+            dt = time.perf_counter() - t0
+            label.unlink()
+            ntok = sum(len(d.token_ids) for d in done)
+            rounds = [d.verify_rounds for d in done]
+            rows.append({"concurrency": c, "requests": len(batch), "tokens": ntok,
+                         "seconds": dt, "tokens_per_s": ntok / dt,
+                         "verify_rounds": sum(rounds) if all(rounds) else None})
+            print(mode, rows[-1], flush=True)
+    finally:
+        engine.shutdown()
+    return {"mode": mode, "rows": rows, "config": str(args.config)}
+
+
 def identity(a: list[list[int]], b: list[list[int]]) -> dict:
     """Requests with identical outputs, and the first differing position of each other one."""
     firsts = [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), min(len(p), len(q)))
@@ -111,7 +148,7 @@ def report(out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("cmd", choices=["run", "all", "report"])
+    ap.add_argument("cmd", choices=["run", "all", "report", "profile"])
     ap.add_argument("--mode", choices=ALL_MODES)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--out", type=Path, required=True)
@@ -128,6 +165,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.cmd == "report":
         return report(args.out)
+    if args.cmd == "run" and "STACK_SAMPLE_DIR" in os.environ:
+        doc = profile_mode(args, args.mode)
+        (args.out / f"{args.mode}-profile.json").write_text(json.dumps(doc))
+        return
     if args.cmd == "run":
         if args.mode is None:
             ap.error("run needs --mode")
@@ -141,10 +182,18 @@ def main() -> None:
         cmd = [sys.executable, __file__, "run", "--mode", m] + keep
         env = dict(os.environ, DFLASH_ADAPTIVE_LOG_EVERY=os.environ.get(
             "DFLASH_ADAPTIVE_LOG_EVERY", "200"))
+        stacks = args.out / "stacks" / m
+        if args.cmd == "profile":
+            env.update(STACK_SAMPLE_DIR=str(stacks), PYTHONPATH=os.pathsep.join(
+                [str(ROOT / "benchmarks" / "stack_sampler"), env.get("PYTHONPATH", "")]))
         rc = subprocess.run(cmd, env=env).returncode
         if rc:
             (args.out / f"{m}.error").write_text(f"exit {rc}\n")
-    report(args.out)
+        if args.cmd == "profile" and stacks.is_dir():
+            subprocess.run([sys.executable, str(ROOT / "benchmarks" / "stack_report.py"),
+                            str(stacks), "--json", str(args.out / f"stacks-{m}.json")])
+    if args.cmd == "all":
+        report(args.out)
 
 
 if __name__ == "__main__":

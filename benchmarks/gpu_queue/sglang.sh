@@ -37,6 +37,11 @@ step adaptive 900 python3 benchmarks/gpu_adaptive_sglang.py all --out "$R/gpu-ad
 # 2c. what a plain step costs inside the DFLASH worker (every step q = 1) beside SGLang's plain
 step adaptive-q1 600 python3 benchmarks/gpu_adaptive_sglang.py all --modes plain,adaptive-q1 \
     --out "$R/gpu-adaptive-sglang-q1" --config benchmarks/results/gpu-engines/tune-sglang.json
+# 2d. where a decode step's host time goes: SGLang's scheduler loop sampled (stack_sampler) in
+#     plain SGLang, DFLASH_ADAPTIVE with every step q = 1, fixed DFLASH; 1, 16 and 64 requests
+step profile-q1 600 python3 benchmarks/gpu_adaptive_sglang.py profile \
+    --modes plain,adaptive-q1,dflash --concurrency 1,16,64 --out "$R/gpu-adaptive-sglang-profile" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
 # 3. Spiffy at 8 requests: with the draft-row K/V copy (SPIFFY_COPY_DRAFT_KV=1) one token was
 #    4.15 nats off one-step decoding (2026-12-01 and -02), without it (now the default) none. Rows:
 #    the default with graphs, graphs off (flashinfer: fa3 cannot run dLLMs eagerly), the copy
