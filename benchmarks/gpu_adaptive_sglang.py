@@ -23,6 +23,15 @@ mode (`stacks-M.json`): where a decode step's host time goes.
 
     python benchmarks/gpu_adaptive_sglang.py profile --modes plain,adaptive-q1 \
         --concurrency 16,64 --out $O-profile
+
+`breakdown --out $O-profile` turns the samples (stacks/ or stacks.tgz) into milliseconds per
+decode step of the main parts of the loop (`PARTS`; steps = tokens / c, or SGLang's verify
+rounds / c).
+
+`--shape qwen3-8b`: the target at Qwen3-8B's shape with random weights (load_format "dummy")
+and a random 5-layer drafter for it (`bench.engine_rows.shaped_model_dirs`, the fixture's
+tokenizer): what the steps cost where the GPU, not the host, sets the pace (acceptance
+there is meaningless; the fixture's gives the gain).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -53,6 +63,8 @@ def start(args, mode: str):
     from dflash_plugin.engines.sglang_tune import start as start_engine
 
     extra = {}
+    if args.load_format:
+        extra.update(load_format=args.load_format, speculative_draft_load_format="auto")
     if mode.startswith("adaptive"):
         config = args.config
         if mode == "adaptive-q1":
@@ -61,7 +73,7 @@ def start(args, mode: str):
             config = args.out / "q1-config.json"
             config.write_text(json.dumps(doc))
         # log_level warning: the worker's step counts and times reach the log
-        extra = dict(speculative_algorithm="DFLASH_ADAPTIVE",
+        extra.update(speculative_algorithm="DFLASH_ADAPTIVE",
                      speculative_draft_model_path=str(args.draft),
                      speculative_adaptive_config=str(config), log_level="warning")
     return start_engine(str(args.target), str(args.draft), 15 if mode == "dflash" else 0,
@@ -100,12 +112,13 @@ def profile_mode(args, mode: str) -> dict:
     try:
         for c in args.concurrency:
             closed_loop(engine, ids[:c], 16, c)
-            batch = [ids[i % len(ids)] for i in range(16 * c)]
+            batch = [ids[i % len(ids)] for i in range(args.requests_per_slot * c)]
             label.write_text(f"c{c}")
             t0 = time.perf_counter()
             done = closed_loop(engine, batch, args.max_new_tokens, c)
             dt = time.perf_counter() - t0
             label.unlink()
+            time.sleep(0.5)  # the sampler writes the finished label out (it looks every 50 ms)
             ntok = sum(len(d.token_ids) for d in done)
             rounds = [d.verify_rounds for d in done]
             rows.append({"concurrency": c, "requests": len(batch), "tokens": ntok,
@@ -115,6 +128,60 @@ def profile_mode(args, mode: str) -> dict:
     finally:
         engine.shutdown()
     return {"mode": mode, "rows": rows, "config": str(args.config)}
+
+
+# the loop's parts: a sample counts for a part when its stack contains the pattern
+PARTS = {
+    "loop": "scheduler.py:Scheduler.event_loop",
+    "next batch (prepare_for_decode)": "Scheduler.get_next_batch_to_run",
+    "run_batch": "Scheduler.run_batch",
+    "worker step": "forward_batch_generation",
+    "model forwards (target, drafter)": "model_runner.py:ModelRunner.forward",
+    "verify inputs (prepare_for_verify)": "DFlashVerifyInput.prepare_for_verify",
+    "drafter-KV append": "_append_target_hidden_to_draft_kv_by_loc",
+    "noise embedding": ("DFlashWorkerV2.forward_batch_generation;"
+                        "modules/module.py:Module._wrapped_call_impl"),
+    "result to host (copy_to_cpu)": "GenerationBatchResult.copy_to_cpu",
+    "process_batch_result": "Scheduler.process_batch_result",
+}
+
+
+def breakdown(out: Path) -> dict:
+    """{mode: {label: {part: ms per decode step}}} from a `profile` run's samples."""
+    import tarfile
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from stack_report import from_focus, load
+
+    if not (out / "stacks").is_dir() and (out / "stacks.tgz").is_file():
+        with tarfile.open(out / "stacks.tgz") as tar:
+            tar.extractall(out, filter="data")
+    doc: dict = {}
+    for path in sorted(out.glob("*-profile.json")):
+        prof = json.loads(path.read_text())
+        rows = {f"c{r['concurrency']}": r for r in prof["rows"]}
+        best: dict = {}
+        for (label, _, _), stacks in load(out / "stacks" / prof["mode"]).items():
+            cut = from_focus(stacks, PARTS["loop"])
+            if label in rows and sum(cut.values()) > sum(best.get(label, {}).values()):
+                best[label] = cut
+        for label, cut in best.items():
+            r = rows[label]
+            steps = (r["verify_rounds"] or r["tokens"]) / r["concurrency"]
+            cell = {"wall": 1e3 * r["seconds"] / steps}
+            for part, pattern in PARTS.items():
+                us = sum(n for s, n in cut.items() if pattern in ";".join(s))
+                cell[part] = us / 1e3 / steps
+            doc.setdefault(prof["mode"], {})[label] = cell
+    return doc
+
+
+def print_breakdown(doc: dict) -> None:
+    cols = [(m, c) for m in doc for c in sorted(doc[m], key=lambda x: int(x[1:]))]
+    print("| ms per decode step | " + " | ".join(f"{m} {c}" for m, c in cols) + " |")
+    print("|---" * (len(cols) + 1) + "|")
+    for part in ["wall"] + list(PARTS):
+        print(f"| {part} | " + " | ".join(f"{doc[m][c][part]:.2f}" for m, c in cols) + " |")
 
 
 def identity(a: list[list[int]], b: list[list[int]]) -> dict:
@@ -148,7 +215,7 @@ def report(out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("cmd", choices=["run", "all", "report", "profile"])
+    ap.add_argument("cmd", choices=["run", "all", "report", "profile", "breakdown"])
     ap.add_argument("--mode", choices=ALL_MODES)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--out", type=Path, required=True)
@@ -161,10 +228,15 @@ def main() -> None:
                     default=[1, 4, 8, 16, 32, 64])
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--shape", choices=["qwen3-8b"], help="random weights at this shape")
+    ap.add_argument("--load-format", help=argparse.SUPPRESS)  # set for the children by --shape
+    ap.add_argument("--requests-per-slot", type=int, default=16, help="profile: requests / c")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.cmd == "report":
         return report(args.out)
+    if args.cmd == "breakdown":
+        return print_breakdown(breakdown(args.out))
     if args.cmd == "run" and "STACK_SAMPLE_DIR" in os.environ:
         doc = profile_mode(args, args.mode)
         (args.out / f"{args.mode}-profile.json").write_text(json.dumps(doc))
@@ -175,10 +247,16 @@ def main() -> None:
         doc = run_mode(args, args.mode)
         (args.out / f"{args.mode}.json").write_text(json.dumps(doc))
         return
+    rest = sys.argv[2:]
+    keep = [a for i, a in enumerate(rest) if not a.startswith("--modes")
+            and not (i and rest[i - 1] == "--modes")]
+    if args.shape:
+        from bench.engine_rows import shaped_model_dirs
+
+        work = Path(tempfile.mkdtemp(prefix="adaptive-shape-"))  # ~2 GB of drafter
+        target, draft = shaped_model_dirs(args.shape, args.target, work, draft_weights=True)
+        keep += ["--target", str(target), "--draft", str(draft), "--load-format", "dummy"]
     for m in args.modes.split(","):
-        rest = sys.argv[2:]
-        keep = [a for i, a in enumerate(rest) if not a.startswith("--modes")
-                and not (i and rest[i - 1] == "--modes")]
         cmd = [sys.executable, __file__, "run", "--mode", m] + keep
         env = dict(os.environ, DFLASH_ADAPTIVE_LOG_EVERY=os.environ.get(
             "DFLASH_ADAPTIVE_LOG_EVERY", "200"))
@@ -194,6 +272,8 @@ def main() -> None:
                             str(stacks), "--json", str(args.out / f"stacks-{m}.json")])
     if args.cmd == "all":
         report(args.out)
+    if args.cmd == "profile":
+        print_breakdown(breakdown(args.out))
 
 
 if __name__ == "__main__":

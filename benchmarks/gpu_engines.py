@@ -116,6 +116,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -187,6 +188,8 @@ def engine_spec(args, target: str, draft: str | None, **kw) -> EngineSpec:
         if args.engine != "sglang":
             sys.exit("--mode tree needs --engine sglang (vLLM has no tree verification hook)")
         kw["tree_topk"] = args.tree_topk
+        if os.environ.get("DFLASH_TREE_PROFILE"):  # its lines log at info (Engine's: error)
+            kw["log_level"] = "info"
     if getattr(args, "mode", None) == "tuned":
         kw["speculative_config"] = tuned_config(args.tuned)
         draft = None if kw["speculative_config"] is None else draft

@@ -42,6 +42,12 @@ step adaptive-q1 600 python3 benchmarks/gpu_adaptive_sglang.py all --modes plain
 step profile-q1 600 python3 benchmarks/gpu_adaptive_sglang.py profile \
     --modes plain,adaptive-q1,dflash --concurrency 1,16,64 --out "$R/gpu-adaptive-sglang-profile" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
+# 2e. the same at the Qwen3-8B shape (random weights, tau ~ 1): does the GPU hide the host work
+#     there, and the step times of q = 1 and q = 16 per batch size (the cost model's T(q, bs))
+step profile-8b 600 python3 benchmarks/gpu_adaptive_sglang.py profile --shape qwen3-8b \
+    --modes plain,adaptive-q1,dflash --concurrency 1,4,16,64 --requests-per-slot 4 \
+    --out "$R/gpu-adaptive-sglang-profile-8b" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
 # 3. Spiffy at 8 requests: with the draft-row K/V copy (SPIFFY_COPY_DRAFT_KV=1) one token was
 #    4.15 nats off one-step decoding (2026-12-01 and -02), without it (now the default) none. Rows:
 #    the default with graphs, graphs off (flashinfer: fa3 cannot run dLLMs eagerly), the copy
@@ -61,7 +67,8 @@ step dllm-lowconf-eager 300 python3 benchmarks/gpu_dllm.py run --work "$W" \
 step engines-tree32 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
     --num-spec-tokens 32 --no-prefill-graphs --out "$E/sglang-tree32.json"
 # 5. the tree round at the Qwen3-8B shape (2026-12-02: tree 10.42 ms, DFLASH 6.52 ms, plain
-#    5.12 ms), with the per-phase profile this time
+#    5.12 ms; 2026-12-03: 10.94 ms, its profile lines lost to the Engine's log level, which
+#    gpu_engines.py now sets to info with DFLASH_TREE_PROFILE), with the per-phase profile
 step round-tree 400 env DFLASH_TREE_PROFILE=20 python3 benchmarks/gpu_engines.py round-cost --engine sglang --mode tree \
     --num-spec-tokens 32 --no-prefill-graphs --shape qwen3-8b --out "$E/round-sglang-tree.json"
 # 6. where a tree round's time goes (tree phase and drafter-KV append graphed, captured at start;

@@ -4,13 +4,13 @@ imports `sitecustomize`). A benchmark tool, not part of any package.
 
 With STACK_SAMPLE_DIR set, a daemon thread samples every other thread's Python stack every
 STACK_SAMPLE_MS (default 1) while the file DIR/label holds a label, and rewrites
-DIR/<pid>.txt every 2 s: one line per (label, thread, stack), `microseconds<TAB>label<TAB>
-thread<TAB>frame;frame;...` (outermost first, frames as `dir/file.py:qualname`). A thread that
-holds the GIL would delay the sampler by up to the 5 ms switch interval, which favours frames
-that release it; so the switch interval drops to 0.1 ms in a sampled process (a switch happens
-only when another thread waits for the GIL) and each sample weighs the wall time since the
-previous one. A thread blocked in C (a CUDA sync, a socket) is charged at the Python frame
-that called it.
+DIR/<pid>.txt every 2 s and whenever the label changes: one line per (label, thread, stack),
+`microseconds<TAB>label<TAB>thread<TAB>frame;frame;...` (outermost first, frames as
+`dir/file.py:qualname`). A thread that holds the GIL would delay the sampler by up to the 5 ms
+switch interval, which favours frames that release it; so the switch interval drops to 0.1 ms
+in a sampled process (a switch happens only when another thread waits for the GIL) and each
+sample weighs the wall time since the previous one. A thread blocked in C (a CUDA sync, a
+socket) is charged at the Python frame that called it.
 Read with `python benchmarks/stack_report.py DIR`.
 """
 
@@ -48,11 +48,14 @@ def _sample_forever(directory: str) -> None:
         now = time.monotonic()
         weight, last = int(1e6 * (now - last)), now
         if now >= next_label:
+            was = label
             try:
                 with open(os.path.join(directory, "label")) as f:
                     label = f.read().strip() or None
             except OSError:
                 label = None
+            if label != was:
+                next_dump = now  # a finished label is on disk before a shutdown can stop us
             names = {t.ident: t.name for t in threading.enumerate()}
             next_label = now + 0.05
         if label:
