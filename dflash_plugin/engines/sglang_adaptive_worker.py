@@ -17,12 +17,19 @@ result), which SGLang's result processing reads per result. The choice per step 
 `adaptive.ServerPolicy`: step times from `dflash tune --engine sglang` at first, replaced by the
 server's own (launch to launch of consecutive decode steps of one batch size), acceptance from
 SGLang's `on_verify_complete_cpu` (results read back one step late in overlap mode).
+
+The drafter-KV append of a decode step (DFLASH's `_append_target_hidden_to_draft_kv_by_loc`
+with the step's `[bs, q]` slots and commit lengths) replays one CUDA graph per (q, batch
+bucket), captured after `init_cuda_graphs` as DFLASH_TREE's append is (`sglang_tree_append`):
+eager, it was 0.36-0.89 ms of host time in every step on the H200 (2026-12-03 profile,
+BENCHMARKS.md). `DFLASH_TREE_GRAPHS=0` (or a failed capture, logged) keeps it eager.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -33,6 +40,8 @@ import torch
 
 from ..adaptive import AdaptiveConfig, ServerPolicy
 from .sglang_adaptive import FLAG, NAME, load_step_times
+from .sglang_buckets import bucket_limit, graphs_enabled
+from .sglang_tree_append import AppendStage, fused_workspaces
 from .sglang_tree_worker import _check_version
 
 logger = logging.getLogger(__name__)
@@ -148,6 +157,7 @@ def worker_class() -> type:
             self._steps = collections.Counter()  # q -> decode steps issued
             self._last = None  # (launch time, bs, q) of the last decode step
             self._log_every = int(os.environ.get("DFLASH_ADAPTIVE_LOG_EVERY", "1000"))
+            self._appends: dict[int, AppendStage] = {}  # q -> its decode append's graphs
 
         def _runners(self):
             return {"target": self.target_worker.model_runner, "draft": self._draft_mr}
@@ -187,6 +197,40 @@ def worker_class() -> type:
             logger.info("%s: runtime states for block lengths %s (graphs %s); step times "
                         "for batch sizes %s", NAME, sorted(self._states), graphs,
                         sorted(self.policy.policies))
+            self._capture_appends(graphs and graphs_enabled())
+
+        def _capture_appends(self, graphs: bool) -> None:
+            """One `AppendStage` per q, every batch bucket up to the running-request limit
+            captured now (the drafter's KV pool exists only after `alloc_memory_pool`)."""
+            fc = getattr(self.draft_model, "fc", None)  # projects the target's hidden states
+            limit = bucket_limit(self.server_args)
+            if not (graphs and limit and fc is not None):
+                return
+            eager = functools.partial(DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc,
+                                      self)
+            for q in sorted(self._states):
+                stage = AppendStage(torch.device(self.device), eager, True,
+                                    keep=functools.partial(fused_workspaces, self))
+                sizes = stage.warm(limit, q, int(fc.in_features), fc.weight.dtype)
+                if sizes:
+                    self._appends[q] = stage
+            logger.info("%s: drafter-KV append captured for block lengths %s, batch buckets "
+                        "up to %d", NAME, sorted(self._appends), limit)
+
+        def _append_target_hidden_to_draft_kv_by_loc(self, *, target_hidden, cache_loc,
+                                                     positions, cache_loc_2d=None,
+                                                     commit_lens=None):
+            """A decode step's append (dense `[bs, q]` slots, commit lengths) through q's
+            graphs; a prefill's (neither given) and any other shape: DFLASH's, eager."""
+            stage = self._appends.get(self._q)
+            if (stage is None or cache_loc_2d is None or commit_lens is None
+                    or cache_loc_2d.ndim != 2 or int(cache_loc_2d.shape[1]) != self._q):
+                return super()._append_target_hidden_to_draft_kv_by_loc(
+                    target_hidden=target_hidden, cache_loc=cache_loc, positions=positions,
+                    cache_loc_2d=cache_loc_2d, commit_lens=commit_lens)
+            bs, q = (int(n) for n in cache_loc_2d.shape)
+            stage.run(target_hidden.view(bs, q, -1),  # [bs, q, h] the step's target hidden
+                      cache_loc_2d, positions.view(bs, q), commit_lens)
 
         def _use(self, q: int) -> None:
             if q == self._q:

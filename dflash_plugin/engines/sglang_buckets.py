@@ -38,6 +38,13 @@ def graphs_enabled(environ=os.environ) -> bool:
     return raw == "1"
 
 
+def bucket_limit(server_args) -> int:
+    """The most requests a step can hold (0: unknown), the last batch bucket to capture."""
+    limit = getattr(server_args, "max_running_requests", None) or \
+        getattr(server_args, "cuda_graph_max_bs_decode", None)
+    return int(limit or 0)
+
+
 def bucket(bs: int) -> int:
     """The graph batch size that holds `bs` rows: 1, 2, 4, 8, then the next multiple of 8."""
     if bs < 1:

@@ -35,6 +35,17 @@ def accepted_path(hidden: torch.Tensor, verify_cache_loc: torch.Tensor, prefix: 
     return hid, loc, pos, commit.to(torch.int32)
 
 
+def fused_workspaces(worker) -> list:
+    """What a captured append reads but DFLASH's fused-KV helper may replace later (its
+    workspaces grow on a larger prefill; 0.5.16 `fused_kv_materialize.py`)."""
+    h = getattr(worker, "_fused_kv_helper", None)
+    if h is None:
+        return []
+    rope = getattr(getattr(h, "rotary_emb", None), "cos_sin_cache", None)
+    return [getattr(h, a, None) for a in ("_proj_workspace", "_k_workspace",
+                                          "_v_workspace")] + [rope]
+
+
 def append_kwargs(hid: torch.Tensor, loc: torch.Tensor, pos: torch.Tensor,
                   commit: torch.Tensor) -> dict:
     """DFLASH's `_append_target_hidden_to_draft_kv_by_loc` keywords from `accepted_path`'s

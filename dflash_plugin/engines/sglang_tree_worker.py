@@ -27,10 +27,10 @@ from functools import cache
 
 import torch
 
-from .sglang_buckets import graphs_enabled
+from .sglang_buckets import bucket_limit, graphs_enabled
 from .sglang_checks import sglang_version
 from .sglang_tree_algo import NAME, WORKER_VERSIONS, TreeArgs, check_tree_args
-from .sglang_tree_append import AppendStage, accepted_path
+from .sglang_tree_append import AppendStage, accepted_path, fused_workspaces
 from .sglang_tree_input import make_verify_input, with_mask
 from .sglang_tree_profile import RoundProfile, profile_every
 from .sglang_tree_stage import TreeStage
@@ -154,13 +154,6 @@ def _check_version() -> None:
                            f" SGLang {'.'.join(map(str, have))} is not supported yet")
 
 
-def _bucket_limit(server_args) -> int:
-    """The most requests a round can hold (0: unknown), the last batch bucket to capture."""
-    limit = getattr(server_args, "max_running_requests", None) or \
-        getattr(server_args, "cuda_graph_max_bs_decode", None)
-    return int(limit or 0)
-
-
 def worker_factory(server_args) -> type:
     """What SGLang's registry calls (`SpeculativeAlgorithm.register`): the worker class."""
     return worker_class()
@@ -195,13 +188,13 @@ def worker_class() -> type:
                                         self.plan.depth, graphs)
             self.append_stage = AppendStage(
                 device, self._append_target_hidden_to_draft_kv_by_loc, graphs,
-                keep=self._append_workspaces)
+                keep=lambda: fused_workspaces(self))
             self._warm_stages(server_args)
 
         def _warm_stages(self, server_args) -> None:
             """Capture the tree phase for every batch bucket up to the running-request limit
             now, not inside the first rounds of each batch size (see sglang_buckets)."""
-            limit = _bucket_limit(server_args)
+            limit = bucket_limit(server_args)
             if not limit:
                 return  # no bound known: buckets are captured on first use
             head = self.target_worker.model_runner.model.lm_head.weight
@@ -216,7 +209,7 @@ def worker_class() -> type:
             Captured in `__init__` it met no `token_to_kv_pool` and SGLang's own fallback
             turned DFLASH's fused append off for good (H200, 2026-12-03)."""
             super().init_cuda_graphs()
-            limit = _bucket_limit(self.server_args)
+            limit = bucket_limit(self.server_args)
             fc = getattr(self.draft_model, "fc", None)  # projects the target's hidden states
             if not limit or fc is None:
                 return
@@ -224,16 +217,6 @@ def worker_class() -> type:
                                            fc.weight.dtype)
             if sizes:
                 logger.info("%s: drafter-KV append captured for batch buckets %s", NAME, sizes)
-
-        def _append_workspaces(self):
-            """What a captured append reads but DFLASH's fused-KV helper may replace later
-            (its workspaces grow on a larger prefill; 0.5.16 `fused_kv_materialize.py`)."""
-            h = getattr(self, "_fused_kv_helper", None)
-            if h is None:
-                return []
-            rope = getattr(getattr(h, "rotary_emb", None), "cos_sin_cache", None)
-            return [getattr(h, a, None) for a in ("_proj_workspace", "_k_workspace",
-                                                   "_v_workspace")] + [rope]
 
         def _tree_topk(self, hidden):  # [bs, D, h] -> top-K log-probs, ids [bs, D, K]
             return tree_topk(hidden, self.target_worker.model_runner.model.lm_head,

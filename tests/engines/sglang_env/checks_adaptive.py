@@ -229,3 +229,53 @@ def test_switching_states_swaps_worker_and_runner_attributes():
     worker.on_verify_complete_cpu([0], batch_size=1)
     worker.on_verify_complete_cpu([5], batch_size=1)  # nothing issued: ignored
     assert seen == [(1, 16, [3]), (1, 1, [0])]
+
+
+@OLD_ONLY
+def test_decode_append_goes_through_q_graphs_and_the_rest_stays_dflash():
+    """DFLASH's decode step hands its append dense `[bs, q]` slots and commit lengths (checked
+    in 0.5.16's source); the worker replays q's `AppendStage` with them (bucket rows, padded
+    rows committing nothing); a prefill's append (no 2-D slots) and a width other than the
+    state's q go to DFLASH's own. Eager stage on CPU (graphs need CUDA), the real class."""
+    import torch
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from dflash_plugin.engines import sglang_adaptive_worker as w
+    from dflash_plugin.engines.sglang_tree_append import AppendStage
+
+    src = inspect.getsource(DFlashWorkerV2.forward_batch_generation)
+    assert "cache_loc_2d=verify_out_cache_loc_2d," in src and "commit_lens=commit_lens," in src
+    params = inspect.signature(DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc).parameters
+    assert [p for p in params if p != "self"] == [
+        "target_hidden", "cache_loc", "positions", "cache_loc_2d", "commit_lens"]
+
+    calls = []
+    cls = w.worker_class()
+    worker = cls.__new__(cls)
+    worker.__dict__.update(_q=4, _appends={4: AppendStage(torch.device("cpu"),
+                                                          lambda **kw: calls.append(kw),
+                                                          graphs=False)})
+    bs, q, h = 3, 4, 6
+    hid = torch.arange(bs * q * h, dtype=torch.float32).view(bs * q, h)
+    loc = torch.arange(100, 100 + bs * q).view(bs, q)
+    pos = torch.arange(bs * q, dtype=torch.int64)
+    commit = torch.tensor([1, 4, 2], dtype=torch.int32)
+    worker._append_target_hidden_to_draft_kv_by_loc(
+        target_hidden=hid, cache_loc=loc.reshape(-1), positions=pos, cache_loc_2d=loc,
+        commit_lens=commit)
+    (kw,) = calls  # bucket 4: one padded row
+    assert kw["cache_loc_2d"].shape == (4, q) and kw["target_hidden"].shape == (4 * q, h)
+    assert torch.equal(kw["target_hidden"][: bs * q], hid)
+    assert torch.equal(kw["cache_loc_2d"][:bs], loc)
+    assert torch.equal(kw["positions"][: bs * q], pos)
+    assert kw["commit_lens"].tolist() == [1, 4, 2, 0]  # the padded row writes nothing
+
+    empty = torch.empty(0, h)
+    none = torch.empty(0, dtype=torch.int64)
+    # DFLASH's own (returns at once for 0 tokens): a prefill's call, then a 2-wide block
+    worker._append_target_hidden_to_draft_kv_by_loc(target_hidden=empty, cache_loc=none,
+                                                     positions=none)
+    worker._append_target_hidden_to_draft_kv_by_loc(
+        target_hidden=empty, cache_loc=none, positions=none,
+        cache_loc_2d=none.view(0, 2), commit_lens=torch.empty(0, dtype=torch.int32))
+    assert len(calls) == 1
