@@ -24,6 +24,11 @@ mode (`stacks-M.json`): where a decode step's host time goes.
     python benchmarks/gpu_adaptive_sglang.py profile --modes plain,adaptive-q1 \
         --concurrency 16,64 --out $O-profile
 
+`--trace 1x16,64x512,...` adds a moving load to `run` / `all`: after the rows, on the same
+warm server, phases of N requests C at a time back to back (`trace` in `M.json`); `report`
+sets each mode's whole-trace tokens/s beside the best single server (plain or DFLASH for the
+whole trace: what a static per-deployment choice can reach) and the per-phase best.
+
 `breakdown --out $O-profile` turns the samples (stacks/ or stacks.tgz) into milliseconds per
 decode step of the main parts of the loop (`PARTS`; steps = tokens / c, or SGLang's verify
 rounds / c).
@@ -94,10 +99,55 @@ def run_mode(args, mode: str) -> dict:
                                max_new_tokens=args.max_new_tokens, waves=2, min_requests=16,
                                warmup_tokens=8, log=lambda m: print(m, flush=True))
         outs = closed_loop(engine, ids[:16], args.max_new_tokens, 4)
+        trace = [trace_phase(engine, ids, c, n, args.max_new_tokens)
+                 for c, n in args.trace or []]
     finally:
         engine.shutdown()
     return {"mode": mode, "start_s": started, "cells": [asdict(c) for c in cells],
-            "outputs": [o.token_ids for o in outs], "config": str(args.config)}
+            "outputs": [o.token_ids for o in outs], "config": str(args.config),
+            "trace": trace}
+
+
+def trace_phase(engine, ids: list[list[int]], c: int, n: int, max_tokens: int) -> dict:
+    """One phase of a moving load: n requests, c at a time, right after the previous phase
+    on the same (warm) server."""
+    from dflash_plugin.engines.sglang_tune import closed_loop
+
+    batch = [ids[i % len(ids)] for i in range(n)]
+    t0 = time.perf_counter()
+    done = closed_loop(engine, batch, max_tokens, c)
+    dt = time.perf_counter() - t0
+    ntok = sum(len(d.token_ids) for d in done)
+    print(f"trace phase c={c} n={n}: {ntok / dt:.1f} tok/s", flush=True)
+    return {"concurrency": c, "requests": n, "tokens": ntok, "seconds": dt,
+            "tokens_per_s": ntok / dt}
+
+
+def trace_report(docs: dict) -> None:
+    """The moving load per mode: each phase's tokens/s, the whole trace's, and the best
+    single server (plain or DFLASH for the whole trace) beside the per-phase best."""
+    runs = {m: d["trace"] for m, d in docs.items() if d.get("trace")}
+    if not runs:
+        return
+    phases = next(iter(runs.values()))
+    print("| mode | " + " | ".join(f"c={p['concurrency']} x {p['requests']}" for p in phases)
+          + " | trace tok/s |")
+    print("|---" * (len(phases) + 2) + "|")
+    total = {}
+    for m, tr in runs.items():
+        total[m] = sum(p["tokens"] for p in tr) / sum(p["seconds"] for p in tr)
+        print(f"| {m} | " + " | ".join(f"{p['tokens_per_s']:.0f}" for p in tr)
+              + f" | {total[m]:.0f} |")
+    static = max((total[m] for m in ("plain", "dflash") if m in total), default=None)
+    if static and {"plain", "dflash"} <= set(runs):
+        best = sum(min(runs["plain"][i]["seconds"], runs["dflash"][i]["seconds"])
+                   for i in range(len(phases)))
+        per_phase = sum(p["tokens"] for p in phases) / best
+        print(f"best single server {static:.0f} tok/s, per-phase best {per_phase:.0f}")
+        for m in ("adaptive",):
+            if m in total:
+                print(f"{m}: {total[m] / static:.3f}x the best single server, "
+                      f"{total[m] / per_phase:.3f}x the per-phase best")
 
 
 def profile_mode(args, mode: str) -> dict:
@@ -211,6 +261,7 @@ def report(out: Path) -> None:
     if "dflash" in docs and "adaptive" in docs:
         print("adaptive vs dflash:", identity(docs["dflash"]["outputs"],
                                               docs["adaptive"]["outputs"]))
+    trace_report(docs)
 
 
 def main() -> None:
@@ -231,6 +282,10 @@ def main() -> None:
     ap.add_argument("--shape", choices=["qwen3-8b"], help="random weights at this shape")
     ap.add_argument("--load-format", help=argparse.SUPPRESS)  # set for the children by --shape
     ap.add_argument("--requests-per-slot", type=int, default=16, help="profile: requests / c")
+    ap.add_argument("--trace", type=lambda s: [tuple(int(v) for v in p.split("x"))
+                                               for p in s.split(",")],
+                    help="a moving load after the rows, on the same server: CxN phases "
+                         "(N requests, C at a time), e.g. 1x16,64x512,4x64,32x256,1x16")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.cmd == "report":

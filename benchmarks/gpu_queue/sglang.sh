@@ -31,9 +31,11 @@ step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
     --prompts examples/fixtures/dev-prompts.jsonl --candidates 0,7,15 \
     --concurrency 1,4,8,16,32,64 --max-new-tokens 128 --dtype bfloat16 --out "$E/tune-sglang.json"
 # 2b. issue 20 in SGLang, per step: one DFLASH_ADAPTIVE server (block length chosen per step from
-#     tune-sglang.json's step times) beside plain and fixed DFLASH, 1-64 requests
+#     tune-sglang.json's step times, then its own) beside plain and fixed DFLASH, 1-64 requests,
+#     then a moving load on each warm server (phases CxN back to back)
 step adaptive 900 python3 benchmarks/gpu_adaptive_sglang.py all --out "$R/gpu-adaptive-sglang" \
-    --config benchmarks/results/gpu-engines/tune-sglang.json
+    --config benchmarks/results/gpu-engines/tune-sglang.json \
+    --trace 1x16,64x512,4x64,32x256,1x16
 # 2c. what a plain step costs inside the DFLASH worker (every step q = 1) beside SGLang's plain
 step adaptive-q1 600 python3 benchmarks/gpu_adaptive_sglang.py all --modes plain,adaptive-q1 \
     --out "$R/gpu-adaptive-sglang-q1" --config benchmarks/results/gpu-engines/tune-sglang.json
