@@ -68,8 +68,10 @@ def start(args, mode: str):
     from dflash_plugin.engines.sglang_tune import start as start_engine
 
     extra = {}
-    if args.load_format:
-        extra.update(load_format=args.load_format, speculative_draft_load_format="auto")
+    if args.load_format:  # the target's; the drafter's random weights are files
+        extra.update(load_format=args.load_format)
+        if mode != "plain":
+            extra.update(speculative_draft_load_format="auto")
     if mode.startswith("adaptive"):
         config = args.config
         if mode == "adaptive-q1":
