@@ -28,8 +28,8 @@ time.sleep(0.3)  # the sampler writes the finished label out
 """
 
 
-def test_sampler_charges_wall_time_to_the_busy_frame(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+def test_sampler_charges_wall_time_to_the_busy_frame(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     from stack_report import report
 
     env = dict(os.environ, STACK_SAMPLE_DIR=str(tmp_path),
@@ -43,3 +43,24 @@ def test_sampler_charges_wall_time_to_the_busy_frame(tmp_path):
     assert tree["<string>:loop"]["share"] == 1.0 and tree["<string>:loop"]["depth"] == 0
     assert 0.65 < tree["<string>:busy"]["share"] < 0.88, tree  # 0.75; 0.60 unswitched
     assert tree["<string>:busy"]["depth"] == 1
+
+
+def test_breakdown_of_the_committed_h200_profile(monkeypatch):
+    """`gpu_adaptive_sglang.py breakdown` on the committed samples (stacks.tgz, 2026-12-03): the
+    numbers BENCHMARKS.md quotes, every part inside the loop, the loop inside the wall time, and
+    the append only where DFLASH runs."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from bench.sglang_steps import PARTS, breakdown
+
+    doc = breakdown(ROOT / "benchmarks" / "results" / "gpu-adaptive-sglang-profile")
+    assert set(doc) == {"plain", "adaptive-q1", "dflash"}
+    for cells in doc.values():
+        assert set(cells) == {"c1", "c16", "c64"}
+        for cell in cells.values():
+            assert set(cell) == {"wall", *PARTS}
+            assert cell["loop"] <= cell["wall"] * 1.01
+            assert all(cell[p] <= cell["loop"] + 1e-9 for p in PARTS)
+    q1, plain = doc["adaptive-q1"]["c1"], doc["plain"]["c1"]
+    assert (round(q1["wall"], 2), round(plain["wall"], 2)) == (3.33, 1.28)
+    assert round(q1["drafter-KV append"], 2) == 0.52 and plain["drafter-KV append"] == 0
+    assert round(q1["verify inputs (prepare_for_verify)"], 2) == 0.41
