@@ -98,6 +98,10 @@ def run_mode(args, mode: str) -> dict:
     engine = start(args, mode)
     started = time.perf_counter() - t0
     try:
+        if "STACK_SAMPLE_DIR" in os.environ:  # `profile`: sampled rows only
+            rows = profile_mode(engine, ids, args.concurrency, args.requests_per_slot,
+                                args.max_new_tokens)
+            return {"mode": mode, "start_s": started, "rows": rows, "config": str(args.config)}
         cells = measure_engine(engine, LABEL_K[mode], ids, args.concurrency,
                                max_new_tokens=args.max_new_tokens, waves=2, min_requests=16,
                                warmup_tokens=8, log=lambda m: print(m, flush=True))
@@ -169,15 +173,12 @@ def main() -> None:
         return report(args.out)
     if args.cmd == "breakdown":
         return print_breakdown(breakdown(args.out))
-    if args.cmd == "run" and "STACK_SAMPLE_DIR" in os.environ:
-        doc = profile_mode(args, args.mode, start)
-        (args.out / f"{args.mode}-profile.json").write_text(json.dumps(doc))
-        return
     if args.cmd == "run":
         if args.mode is None:
             ap.error("run needs --mode")
         doc = run_mode(args, args.mode)
-        (args.out / f"{args.mode}.json").write_text(json.dumps(doc))
+        name = f"{args.mode}-profile" if "rows" in doc else args.mode
+        (args.out / f"{name}.json").write_text(json.dumps(doc))
         return
     rest = sys.argv[2:]
     keep = [a for i, a in enumerate(rest) if not a.startswith("--modes")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 
 def trace_phase(engine, ids: list[list[int]], c: int, n: int, max_tokens: int) -> dict:
-    """One phase of a moving load: n requests, c at a time, right after the previous phase
-    on the same (warm) server."""
+    """n requests (prompts cycled), c at a time, on a started server: tokens/s and SGLang's
+    verify rounds (None without speculation). A phase of a moving load, or a profiled row."""
     from dflash_plugin.engines.sglang_tune import closed_loop
 
     batch = [ids[i % len(ids)] for i in range(n)]
@@ -21,9 +21,10 @@ def trace_phase(engine, ids: list[list[int]], c: int, n: int, max_tokens: int) -
     done = closed_loop(engine, batch, max_tokens, c)
     dt = time.perf_counter() - t0
     ntok = sum(len(d.token_ids) for d in done)
-    print(f"trace phase c={c} n={n}: {ntok / dt:.1f} tok/s", flush=True)
+    rounds = [d.verify_rounds for d in done]
+    print(f"c={c} n={n}: {ntok / dt:.1f} tok/s", flush=True)
     return {"concurrency": c, "requests": n, "tokens": ntok, "seconds": dt,
-            "tokens_per_s": ntok / dt}
+            "tokens_per_s": ntok / dt, "verify_rounds": sum(rounds) if all(rounds) else None}
 
 
 def trace_report(docs: dict) -> None:
@@ -41,47 +42,32 @@ def trace_report(docs: dict) -> None:
         total[m] = sum(p["tokens"] for p in tr) / sum(p["seconds"] for p in tr)
         print(f"| {m} | " + " | ".join(f"{p['tokens_per_s']:.0f}" for p in tr)
               + f" | {total[m]:.0f} |")
-    static = max((total[m] for m in ("plain", "dflash") if m in total), default=None)
-    if static and {"plain", "dflash"} <= set(runs):
-        best = sum(min(runs["plain"][i]["seconds"], runs["dflash"][i]["seconds"])
-                   for i in range(len(phases)))
+    if {"plain", "dflash"} <= set(total):
+        static = max(total["plain"], total["dflash"])
+        best = sum(min(a["seconds"], b["seconds"])
+                   for a, b in zip(runs["plain"], runs["dflash"]))
         per_phase = sum(p["tokens"] for p in phases) / best
         print(f"best single server {static:.0f} tok/s, per-phase best {per_phase:.0f}")
-        for m in ("adaptive",):
-            if m in total:
-                print(f"{m}: {total[m] / static:.3f}x the best single server, "
-                      f"{total[m] / per_phase:.3f}x the per-phase best")
+        if "adaptive" in total:
+            print(f"adaptive: {total['adaptive'] / static:.3f}x the best single server, "
+                  f"{total['adaptive'] / per_phase:.3f}x the per-phase best")
 
 
-def profile_mode(args, mode: str, start) -> dict:
-    """Sampled rows of one engine started by `start(args, mode)` (the sampler's label file
-    switches sampling on)."""
+def profile_mode(engine, ids: list[list[int]], concurrency: list[int], per_slot: int,
+                 max_tokens: int) -> list[dict]:
+    """Sampled rows of a started engine: per c an untimed pass, then `trace_phase` of
+    per_slot x c requests with the sampler's label file (STACK_SAMPLE_DIR/label) set to c."""
     from dflash_plugin.engines.sglang_tune import closed_loop
-    from dflash_plugin.engines.vllm_tune import prompt_ids
 
-    ids = prompt_ids(str(args.target), str(args.prompts), 2048 - args.max_new_tokens - 24)
     label = Path(os.environ["STACK_SAMPLE_DIR"]) / "label"
-    engine = start(args, mode)
     rows = []
-    try:
-        for c in args.concurrency:
-            closed_loop(engine, ids[:c], 16, c)
-            batch = [ids[i % len(ids)] for i in range(args.requests_per_slot * c)]
-            label.write_text(f"c{c}")
-            t0 = time.perf_counter()
-            done = closed_loop(engine, batch, args.max_new_tokens, c)
-            dt = time.perf_counter() - t0
-            label.unlink()
-            time.sleep(0.5)  # the sampler writes the finished label out (it looks every 50 ms)
-            ntok = sum(len(d.token_ids) for d in done)
-            rounds = [d.verify_rounds for d in done]
-            rows.append({"concurrency": c, "requests": len(batch), "tokens": ntok,
-                         "seconds": dt, "tokens_per_s": ntok / dt,
-                         "verify_rounds": sum(rounds) if all(rounds) else None})
-            print(mode, rows[-1], flush=True)
-    finally:
-        engine.shutdown()
-    return {"mode": mode, "rows": rows, "config": str(args.config)}
+    for c in concurrency:
+        closed_loop(engine, ids[:c], 16, c)
+        label.write_text(f"c{c}")
+        rows.append(trace_phase(engine, ids, c, per_slot * c, max_tokens))
+        label.unlink()
+        time.sleep(0.5)  # the sampler writes the finished label out (it looks every 50 ms)
+    return rows
 
 
 # the loop's parts: a sample counts for a part when its stack contains the pattern

@@ -40,7 +40,7 @@ import torch
 
 from ..adaptive import AdaptiveConfig, ServerPolicy
 from .sglang_adaptive import FLAG, NAME, load_step_times
-from .sglang_buckets import bucket_limit, graphs_enabled
+from .sglang_buckets import graphs_enabled
 from .sglang_tree_append import AppendStage, fused_workspaces
 from .sglang_tree_worker import _check_version
 
@@ -202,20 +202,17 @@ def worker_class() -> type:
         def _capture_appends(self, graphs: bool) -> None:
             """One `AppendStage` per q, every batch bucket up to the running-request limit
             captured now (the drafter's KV pool exists only after `alloc_memory_pool`)."""
-            fc = getattr(self.draft_model, "fc", None)  # projects the target's hidden states
-            limit = bucket_limit(self.server_args)
-            if not (graphs and limit and fc is not None):
+            if not graphs:
                 return
             eager = functools.partial(DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc,
                                       self)
             for q in sorted(self._states):
                 stage = AppendStage(torch.device(self.device), eager, True,
                                     keep=functools.partial(fused_workspaces, self))
-                sizes = stage.warm(limit, q, int(fc.in_features), fc.weight.dtype)
-                if sizes:
+                if stage.warm_for(self, q):
                     self._appends[q] = stage
-            logger.info("%s: drafter-KV append captured for block lengths %s, batch buckets "
-                        "up to %d", NAME, sorted(self._appends), limit)
+            logger.info("%s: drafter-KV append captured for block lengths %s", NAME,
+                        sorted(self._appends))
 
         def _append_target_hidden_to_draft_kv_by_loc(self, *, target_hidden, cache_loc,
                                                      positions, cache_loc_2d=None,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .sglang_buckets import BucketGraphs, warm_buckets
+from .sglang_buckets import BucketGraphs, bucket_limit, warm_buckets
 
 
 def accepted_path(hidden: torch.Tensor, verify_cache_loc: torch.Tensor, prefix: torch.Tensor,
@@ -75,6 +75,16 @@ class AppendStage:
             self.run(torch.zeros(pad, depth1, hidden_size, dtype=dtype, device=self.device),
                      z, z, torch.zeros(pad, dtype=torch.int32, device=self.device))
         return sizes if self.graphs.enabled else []
+
+    def warm_for(self, worker, depth1: int) -> list[int]:
+        """`warm` for a DFLASH worker: its running-request limit (`bucket_limit` of its server
+        args) and its drafter's `fc` (the target hidden width and dtype it projects); [] when
+        either is unknown (buckets are then captured on first use)."""
+        limit = bucket_limit(worker.server_args)
+        fc = getattr(worker.draft_model, "fc", None)
+        if not limit or fc is None:
+            return []
+        return self.warm(limit, depth1, int(fc.in_features), fc.weight.dtype)
 
     def run(self, hid: torch.Tensor,  # [bs, D+1, h] the accepted path's target hidden states
             loc: torch.Tensor,  # [bs, D+1] int64 their KV slots

@@ -209,12 +209,7 @@ def worker_class() -> type:
             Captured in `__init__` it met no `token_to_kv_pool` and SGLang's own fallback
             turned DFLASH's fused append off for good (H200, 2026-12-03)."""
             super().init_cuda_graphs()
-            limit = bucket_limit(self.server_args)
-            fc = getattr(self.draft_model, "fc", None)  # projects the target's hidden states
-            if not limit or fc is None:
-                return
-            sizes = self.append_stage.warm(limit, self.plan.depth + 1, int(fc.in_features),
-                                           fc.weight.dtype)
+            sizes = self.append_stage.warm_for(self, self.plan.depth + 1)
             if sizes:
                 logger.info("%s: drafter-KV append captured for batch buckets %s", NAME, sizes)
 

@@ -2,8 +2,9 @@
 torch reference of DFLASH's prefix-valid write (a projection, a position term, rows < commit
 written at their slots) writes what the direct call writes, at several batch sizes and after a
 larger batch left rows in the bucket; `accepted_path` picks the front rows of each verify block;
-(gpu-marked) the same under CUDA-graph replay, `warm` captures every bucket, and a workspace the
-append function replaces after capture stays valid through `keep`."""
+`warm_for` reads a worker's running-request limit and drafter `fc`; (gpu-marked) the same under
+CUDA-graph replay, `warm` captures every bucket, and a workspace the append function replaces
+after capture stays valid through `keep`."""
 
 import pytest
 import torch
@@ -80,6 +81,30 @@ def test_accepted_path_takes_the_front_rows_of_each_verify_block():
     kw = append_kwargs(hid, loc, pos, commit)
     assert kw["target_hidden"].shape == (bs * d1, 3) and kw["cache_loc"].shape == (bs * d1,)
     assert kw["cache_loc_2d"] is loc and kw["commit_lens"] is commit
+
+
+def test_warm_for_takes_the_workers_limit_and_drafter_width():
+    """DFLASH_TREE and DFLASH_ADAPTIVE capture through `warm_for`: the limit from
+    max_running_requests (else cuda_graph_max_bs_decode), the hidden width and dtype of the
+    drafter's fc; nothing without a limit or an fc."""
+    from types import SimpleNamespace
+
+    stage = AppendStage(torch.device("cpu"), FakeDrafterKV("cpu"), graphs=False)
+    calls = []
+    stage.warm = lambda *a: calls.append(a) or [1]
+    fc = torch.nn.Linear(12, 4).to(torch.bfloat16)
+
+    def worker(**args):
+        return SimpleNamespace(server_args=SimpleNamespace(**args),
+                               draft_model=SimpleNamespace(fc=fc))
+
+    assert stage.warm_for(worker(max_running_requests=24), 3) == [1]
+    assert stage.warm_for(worker(max_running_requests=None, cuda_graph_max_bs_decode=8), 1)
+    assert calls == [(24, 3, 12, torch.bfloat16), (8, 1, 12, torch.bfloat16)]
+    assert stage.warm_for(worker(max_running_requests=None), 3) == []
+    no_fc = SimpleNamespace(server_args=SimpleNamespace(max_running_requests=4),
+                            draft_model=SimpleNamespace())
+    assert stage.warm_for(no_fc, 3) == [] and len(calls) == 2
 
 
 @pytest.mark.gpu
