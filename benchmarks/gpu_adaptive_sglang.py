@@ -92,8 +92,11 @@ def start(args, mode: str):
 def run_mode(args, mode: str) -> dict:
     from dflash_plugin.engines.sglang_tune import closed_loop, measure_engine
     from dflash_plugin.engines.vllm_tune import prompt_ids
+    from dflash_plugin.training.data import load_prompts_jsonl
 
-    ids = prompt_ids(str(args.target), str(args.prompts), 2048 - args.max_new_tokens - 24)
+    # (until 2026-12-03 this passed the file's path, so each prompt was one of its characters)
+    ids = prompt_ids(str(args.target), load_prompts_jsonl(args.prompts),
+                     2048 - args.max_new_tokens - 24)
     t0 = time.perf_counter()
     engine = start(args, mode)
     started = time.perf_counter() - t0

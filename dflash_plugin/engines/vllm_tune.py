@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 
+from ..errors import require
 from ..tune import Cell, Finished, acceptance, measure_cells, report
 
 PREFIX = "vllm:spec_decode_"
@@ -159,6 +160,9 @@ def check_config(target: str, speculative_config: dict | None, *, max_num_seqs: 
 
 def prompt_ids(target: str, prompts: list[str], keep: int) -> list[list[int]]:
     """Token ids of each prompt with the target's tokenizer, left-truncated to `keep` tokens."""
+    require(not isinstance(prompts, (str, bytes)) and all(isinstance(p, str) for p in prompts),
+            "prompts", f"must be a list of prompt strings (`load_prompts_jsonl` reads a file), "
+            f"got {type(prompts).__name__}")
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(target)

@@ -193,3 +193,21 @@ def test_cli_bad_arg_exits_2_before_any_engine(capsys):
     assert main(["tune", "--engine", "vllm", "--target", TARGET, "--draft", DRAFT, "--prompts",
                  PROMPTS, "--candidates", "0,16"]) == 2
     assert "--candidates: values must be in [0, 15]" in capsys.readouterr().err
+
+
+def test_prompt_ids_takes_prompts_not_a_path():
+    """The engines' tune (and the SGLang adaptive harness) tokenise prompt strings; a path
+    given instead (a str, whose items are its characters, as the harness did until
+    2026-12-03) is a clear error, not a run on one-character prompts."""
+    from pathlib import Path
+
+    from dflash_plugin.engines.vllm_tune import prompt_ids
+    from dflash_plugin.training.data import load_prompts_jsonl
+
+    fix = Path(__file__).resolve().parents[2] / "examples" / "fixtures"
+    path = fix / "dev-prompts.jsonl"
+    with pytest.raises(ConfigError, match="prompts.*list of prompt strings.*str"):
+        prompt_ids(str(fix / "code-target"), str(path), 100)
+    prompts = load_prompts_jsonl(path)[:3]
+    ids = prompt_ids(str(fix / "code-target"), prompts, 100)
+    assert len(ids) == 3 and all(1 < len(i) <= 100 for i in ids)
