@@ -208,6 +208,7 @@ class ServerPolicy:
             p.survival = self.survival  # acceptance does not depend on the batch size
             self.policies[c] = p
         self._live: dict[tuple[int, int], tuple[float, float]] = {}  # (c, q) -> decayed w, sum
+        self._warm: set[tuple[int, int]] = set()  # (bs, q) whose first step time was seen
         self._rows: dict[int, int] = {}  # batch size -> its row (looked up every step)
 
     def _row(self, bs: int) -> int:
@@ -231,14 +232,19 @@ class ServerPolicy:
         self.policies[self._row(bs)].observe_round(q - 1, accepted)
 
     def timed(self, bs: int, q: int, ms: float) -> None:
-        """A step time measured live (ms) of a step of `bs` rows at q: from the first one on it
-        replaces the given time of that row and q, as a decayed mean (`decay` 0.9 per sample;
-        a sample over 4x the current mean, e.g. a pause of the host, is left out)."""
+        """A step time measured live (ms) of a step of `bs` rows at q: from the second one on
+        (the first step of a batch size at a q may compile kernels or grow buffers: 858 ms on
+        the H200, which kept q = 1 unchosen for the server's life) it replaces the given time
+        of that row and q, as a decayed mean (`decay` 0.9 per sample; a sample over 4x the
+        current mean, e.g. a pause of the host, is left out)."""
         if not ms > 0:
             return
         c = self._row(bs)
         p, key = self.policies[c], (c, q)
         if q not in p.round_ms:
+            return
+        if (bs, q) not in self._warm:
+            self._warm.add((bs, q))
             return
         w, tot = self._live.get(key, (0.0, 0.0))
         if w and ms > 4 * tot / w:

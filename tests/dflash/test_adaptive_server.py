@@ -125,6 +125,7 @@ def test_server_policy_rows_have_own_times_and_share_survival():
         policy.observe(1, 16, [15])
     assert policy.choose(1) == 16  # cheap long rounds
     assert policy.choose(6) == 1  # row 8: compute-bound, plain at the same acceptance
+    policy.timed(1, 16, 50.0)  # a batch size's first step at a q: a warm-up, left out
     policy.timed(1, 16, 2.0)
     assert policy.times() == {1: {1: 1.0, 8: 1.2, 16: 2.0}, 8: COMPUTE}
     shared = ServerPolicy(AdaptiveConfig(), {1: LAUNCH, 8: LAUNCH}, max_q=16)
@@ -145,9 +146,12 @@ def test_server_policy_observe_takes_the_issued_q():
 
 
 def test_server_policy_timed_replaces_then_averages_and_drops_outliers():
-    """The first live sample replaces the tune's time; later ones make a decayed mean (0.9);
-    a sample over 4x the mean, or not positive, is left out."""
+    """The first sample of a (batch size, q) is a warm-up, left out; the next one replaces the
+    tune's time; later ones make a decayed mean (0.9); a sample over 4x the mean, or not
+    positive, is left out."""
     policy = ServerPolicy(AdaptiveConfig(), {1: {1: 1.0, 16: 3.0}}, max_q=16)
+    policy.timed(1, 1, 858.0)  # the first step at q = 1: kernels compile
+    assert policy.times()[1][1] == 1.0
     policy.timed(1, 1, 2.0)
     assert policy.times()[1][1] == 2.0
     policy.timed(1, 1, 8.5)  # > 4 x 2.0: a host pause
@@ -174,6 +178,8 @@ def test_server_policy_live_plain_time_flips_to_speculation():
     for _ in range(100):
         policy.observe(1, 16, [1, 2])  # s_1 = 1, s_2 = 0.5, the rest 0: E(16) ~ 2.5
     assert 1 + sum(policy.survival.values()) == pytest.approx(2.5, abs=0.01)
+    assert policy.choose(1) == 1
+    policy.timed(1, 1, 3.0)  # warm-up, left out
     assert policy.choose(1) == 1
     policy.timed(1, 1, 3.0)
     assert policy.choose(1) == 16
