@@ -32,7 +32,8 @@ step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
     --concurrency 1,4,8,16,32,64 --max-new-tokens 128 --dtype bfloat16 --out "$E/tune-sglang.json"
 # 2b. issue 20 in SGLang, per step: one DFLASH_ADAPTIVE server (block length chosen per step from
 #     tune-sglang.json's step times, then its own) beside plain and fixed DFLASH, 1-64 requests,
-#     then a moving load on each warm server (phases CxN back to back)
+#     then a moving load on each warm server (phases CxN back to back); the dev prompts since
+#     ef67f7e (before it: one-character prompts, BENCHMARKS.md)
 step adaptive 900 python3 benchmarks/gpu_adaptive_sglang.py all --out "$R/gpu-adaptive-sglang" \
     --config benchmarks/results/gpu-engines/tune-sglang.json \
     --trace 1x16,64x512,4x64,32x256,1x16
@@ -49,6 +50,11 @@ step profile-q1 600 python3 benchmarks/gpu_adaptive_sglang.py profile \
 step profile-8b 600 python3 benchmarks/gpu_adaptive_sglang.py profile --shape qwen3-8b \
     --modes plain,adaptive-q1,dflash --concurrency 1,4,16,64 --requests-per-slot 4 \
     --out "$R/gpu-adaptive-sglang-profile-8b" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
+# 2f. the adaptive server as a whole at the Qwen3-8B shape (random weights, tau ~ 1: it should
+#     take plain steps and probe q = 16 now and then) beside plain SGLang: within 3 % of plain?
+step adaptive-8b 600 python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b \
+    --modes plain,adaptive --concurrency 1,4,16,64 --out "$R/gpu-adaptive-sglang-8b" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 # 3. Spiffy at 8 requests: with the draft-row K/V copy (SPIFFY_COPY_DRAFT_KV=1) one token was
 #    4.15 nats off one-step decoding (2026-12-01 and -02), without it (now the default) none. Rows:
