@@ -109,7 +109,10 @@ from the engine's own counters (deltas around the row) and every prompt's output
 about 2 GB, loaded for real: vLLM's drafter breaks on dummy weights, see bench/engine_rows.py);
 batch 1, a --prompt-tokens prompt; acceptance is ~0 with random weights. Per repeat,
 time(--decode-tokens new tokens) - time(1 new token) is divided by the decode steps (plain) or by
-the drafter rounds counted by the engine (DFlash); medians over --repeats.
+the drafter rounds counted by the engine (DFlash); medians over --repeats. With
+--kernel-trace DIR (SGLang): then one more request under SGLang's profiler, its first
+--trace-steps decode steps summed per GPU kernel (`bench/kernel_trace.py`) into the JSON's
+`kernels` (the traces stay in DIR).
 """
 
 from __future__ import annotations
@@ -281,6 +284,11 @@ def cmd_round_cost(args) -> None:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="round-cost-"))
     if args.mode == "tuned":
         sys.exit("round-cost measures --mode plain, dflash or tree")
+    if args.kernel_trace and args.engine != "sglang":
+        sys.exit("--kernel-trace records through SGLang's profiler: --engine sglang")
+    if args.kernel_trace and not 1 <= args.trace_steps < args.decode_tokens - 1:
+        sys.exit(f"--trace-steps must be in [1, {args.decode_tokens - 2}] "
+                 f"(--decode-tokens - 2), got {args.trace_steps}")
     random_draft = args.draft_weights == "random" and args.mode in ("dflash", "tree")
     target, draft = shaped_model_dirs(args.shape, args.tokenizer, work,
                                       draft_weights=random_draft)
@@ -298,6 +306,14 @@ def cmd_round_cost(args) -> None:
     doc.update(round_cost(runner, ids, args.decode_tokens, args.repeats,
                           speculative=args.mode != "plain"))
     write(doc, args.out)
+    if args.kernel_trace:
+        from bench.kernel_trace import kernel_table, load_events, markdown, record
+
+        trace = record(runner, ids, args.decode_tokens, args.trace_steps, args.kernel_trace)
+        doc["kernels"] = dict(kernel_table(load_events(trace), args.trace_steps),
+                              trace=str(trace))
+        write(doc, args.out)
+        print(markdown(doc["kernels"]), flush=True)
     what = "decode step"
     if args.mode != "plain":
         what = f"round ({fmt(doc['tokens_per_round'], '.2f')} tokens per round)"
@@ -375,6 +391,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="random: write random drafter safetensors and load them; dummy: the "
                    "engine's dummy loader for the drafter too (fails in vLLM, see "
                    "bench/engine_rows)")
+    c.add_argument("--kernel-trace", type=Path, default=None,
+                   help="SGLang: record a torch-profiler trace of --trace-steps decode steps "
+                   "into this folder and sum GPU time per kernel")
+    c.add_argument("--trace-steps", type=int, default=20)
     c.set_defaults(func=cmd_round_cost)
 
     add_report_commands(sub, cmd_report, plot=True)

@@ -79,6 +79,14 @@ step engines-tree32 600 python3 benchmarks/gpu_engines.py run --engine sglang --
 #    gpu_engines.py now sets to info with DFLASH_TREE_PROFILE), with the per-phase profile
 step round-tree 400 env DFLASH_TREE_PROFILE=20 python3 benchmarks/gpu_engines.py round-cost --engine sglang --mode tree \
     --num-spec-tokens 32 --no-prefill-graphs --shape qwen3-8b --out "$E/round-sglang-tree.json"
+# 5b. the same rounds kernel by kernel (SGLang's torch profiler, 20 decode steps; 2026-12-03: the
+#     33-token tree verify 7.0 ms on the GPU vs a 1-token plain step's 5.12 ms, not yet split):
+#     tree, DFLASH and plain at the 8B shape; tables in the JSONs, traces left in /tmp/traces
+for m in tree dflash plain; do
+  step kernels-$m-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang --mode $m \
+      --num-spec-tokens $([ $m = tree ] && echo 32 || echo 15) --no-prefill-graphs \
+      --shape qwen3-8b --kernel-trace /tmp/traces/$m --out "$E/kernels-sglang-$m-8b.json"
+done
 # 6. where a tree round's time goes (tree phase and drafter-KV append graphed, captured at start;
 #    2026-12-02: every phase host-bound, the eager append 1.2 ms), 1 and 8 requests
 step profile 300 env DFLASH_TREE_PROFILE=50 python3 $T run --mode tree32 --prompts 8 \
