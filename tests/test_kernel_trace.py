@@ -2,7 +2,6 @@
 name from a chrome trace (hand-made events; a real torch-profiler export read back, CPU), and
 `round-cost --kernel-trace` refusing what it cannot do before any engine starts."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
