@@ -9,9 +9,10 @@ way SGLang's EAGLE adaptive mode builds its states (`eagle_worker_v2.py`
 `build_adaptive_runtime_state`, 0.5.16): a fresh attention backend and `DecodeCudaGraphRunner`
 per runner, with the server args' `speculative_num_draft_tokens` set to q while they capture.
 q = 1 is plain decoding through DFLASH's own step: no drafter forward (the drafter runner is
-wrapped so its forward returns nothing and the head reads an empty draft), a one-token target
-verify, and the drafter's KV of that token appended as every step does, so a later q > 1 drafts
-from a current context. The scheduler keeps reserving W slots per request and step (SGLang's
+wrapped so its forward returns nothing and the head reads an empty draft; the block's noise
+embedding, which only the drafter reads, is not computed), a one-token target verify, and the
+drafter's KV of that token appended as every step does, so a later q > 1 drafts from a current
+context. The scheduler keeps reserving W slots per request and step (SGLang's
 server args stay at W); a step reports its own q (`speculative_num_draft_tokens` of the
 result), which SGLang's result processing reads per result. The choice per step is
 `adaptive.ServerPolicy`: step times from `dflash tune --engine sglang` at first, replaced by the
@@ -91,6 +92,39 @@ class EmptyDraft:
         self.out = torch.empty(0, dtype=torch.int64, device=device)
 
 
+class BlockEmbeddingSkipped:
+    """The target's input embedding as DFLASH's step calls it in the q = 1 state: the drafter
+    block's noise embedding (the block's ids through the target's table), which only the
+    drafter's forward reads and q = 1 runs none, comes back as an uninitialised `[bs, 1, h]`
+    tensor (0.14-0.24 ms of host time per step on the H200, 2026-12-03 profiles); ids in any
+    other tensor (a target forward's own) go through the real table."""
+
+    def __init__(self, embed, block_ids):
+        self.embed, self.block_ids = embed, block_ids  # block_ids(): the worker's buffer now
+        self.width, self.dtype = embed.weight.shape[-1], embed.weight.dtype
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        buf = self.block_ids()
+        if buf is not None and ids.dim() == 2 and ids.data_ptr() == buf.data_ptr():
+            return torch.empty((*ids.shape, self.width), dtype=self.dtype, device=ids.device)
+        return self.embed(ids)
+
+
+@contextlib.contextmanager
+def input_embeddings_as(model, embed):
+    """`model.get_input_embeddings()` returns `embed` inside (an instance attribute over the
+    class's method), the model as it was after, even if the step raised."""
+    own = vars(model).get("get_input_embeddings")
+    model.get_input_embeddings = lambda: embed
+    try:
+        yield
+    finally:
+        if own is None:
+            del model.get_input_embeddings
+        else:
+            model.get_input_embeddings = own
+
+
 @contextlib.contextmanager
 def draft_tokens_set_to(args_list, q: int):
     """Each distinct ServerArgs with `speculative_num_draft_tokens = q` inside (SGLang's
@@ -158,6 +192,7 @@ def worker_class() -> type:
             self._last = None  # (launch time, bs, q) of the last decode step
             self._log_every = int(os.environ.get("DFLASH_ADAPTIVE_LOG_EVERY", "1000"))
             self._appends: dict[int, AppendStage] = {}  # q -> its decode append's graphs
+            self._no_noise = None  # BlockEmbeddingSkipped, made at the first q = 1 step
 
         def _runners(self):
             return {"target": self.target_worker.model_runner, "draft": self._draft_mr}
@@ -263,7 +298,14 @@ def worker_class() -> type:
                                {c: {k: round(v, 2) for k, v in r.items()}
                                 for c, r in self.policy.times().items()},
                                [round(v, 2) for v in self.policy.survival.values()[:8]])
-            return super().forward_batch_generation(batch, on_publish=on_publish)
+            if q > 1:
+                return super().forward_batch_generation(batch, on_publish=on_publish)
+            model = self.target_worker.model_runner.model
+            if self._no_noise is None:
+                self._no_noise = BlockEmbeddingSkipped(
+                    model.get_input_embeddings(), lambda: self._draft_block_ids_buf)
+            with input_embeddings_as(model, self._no_noise):
+                return super().forward_batch_generation(batch, on_publish=on_publish)
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):
             if self._issued:

@@ -279,3 +279,82 @@ def test_decode_append_goes_through_q_graphs_and_the_rest_stays_dflash():
         target_hidden=empty, cache_loc=none, positions=none,
         cache_loc_2d=none.view(0, 2), commit_lens=torch.empty(0, dtype=torch.int32))
     assert len(calls) == 1
+
+
+@OLD_ONLY
+def test_plain_step_skips_only_the_drafter_blocks_noise_embedding(monkeypatch):
+    """q = 1: DFLASH's step embeds its block ids (its `_draft_block_ids_buf`) through the
+    target's `get_input_embeddings()` only for the drafter's forward (checked in 0.5.16's
+    source); inside a q = 1 step that returns an uninitialised tensor of the right shape for
+    those ids and the real table's rows for any other ids; q > 1 steps and the model after a
+    step (one that raised included) are untouched. The real class and a real torch embedding;
+    DFLASH's CUDA step is replaced by a stand-in that embeds as it does."""
+    import re
+    from types import SimpleNamespace
+
+    import torch
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from dflash_plugin.adaptive import AdaptiveConfig, ServerPolicy
+    from dflash_plugin.engines import sglang_adaptive_worker as w
+
+    src = inspect.getsource(DFlashWorkerV2.forward_batch_generation)
+    assert "target_model = self.target_worker.model_runner.model" in src
+    assert "embed_module = target_model.get_input_embeddings()" in src
+    assert "block_ids = self._draft_block_ids_buf[:bs]" in src
+    assert "noise_embedding = embed_module(block_ids)" in src
+    uses = re.findall(r"\b(noise_embedding|input_embeds)\b", src)
+    assert uses.count("input_embeds") == 3  # assigned, then only the drafter's ForwardBatch
+    assert "input_embeds=input_embeds," in src.split("draft_model_runner.forward")[0]
+
+    class Target(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+
+        def get_input_embeddings(self):
+            return self.embed
+
+    model = Target()
+    seen, looked_up = [], []
+    model.embed.register_forward_hook(lambda m, args, out: looked_up.append(args[0].tolist()))
+
+    def dflash_step(self, batch, on_publish=None):  # stand-in: embeds as DFLASH's step does
+        ids = self._draft_block_ids_buf[: len(batch.seq_lens)]
+        own = torch.tensor([[1, 2]])
+        seen.append((self._q, model.get_input_embeddings()(ids),
+                     model.get_input_embeddings()(own)))
+        if batch.fail:
+            raise RuntimeError("step failed")
+        return "result"
+
+    monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", dflash_step)
+    cls = w.worker_class()
+    worker = cls.__new__(cls)
+    worker.__dict__.update(
+        _target_worker=SimpleNamespace(model_runner=SimpleNamespace(model=model)),
+        _states={1: {}, 16: {}}, _q=1, _no_noise=None, _issued=[], _last=None,
+        _steps=__import__("collections").Counter(), _log_every=0,
+        _draft_block_ids_buf=torch.tensor([[3], [4], [5]]))
+    worker._use = lambda q: worker.__dict__.update(_q=q)
+    worker.policy = ServerPolicy(AdaptiveConfig(), {1: {1: 1.0, 16: 2.0}}, 16)
+    mode = SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False)
+
+    def batch(fail=False):
+        return SimpleNamespace(forward_mode=mode, is_extend_in_batch=False,
+                               seq_lens=torch.zeros(2), fail=fail)
+
+    worker.policy.choose = lambda bs: 1
+    assert worker.forward_batch_generation(batch()) == "result"
+    q, noise, own = seen[-1]
+    assert q == 1 and noise.shape == (2, 1, 4) and noise.dtype == model.embed.weight.dtype
+    assert looked_up == [[[1, 2]]]  # the table saw the other ids only, never the block's
+    assert torch.equal(own, model.embed(torch.tensor([[1, 2]])))
+    assert "get_input_embeddings" not in vars(model)  # the class's method again
+    with pytest.raises(RuntimeError, match="step failed"):
+        worker.forward_batch_generation(batch(fail=True))
+    assert "get_input_embeddings" not in vars(model)
+    worker.policy.choose = lambda bs: 16
+    worker.forward_batch_generation(batch())
+    q, noise, _ = seen[-1]
+    assert q == 16 and torch.equal(noise, model.embed(torch.tensor([[3], [4]])))
