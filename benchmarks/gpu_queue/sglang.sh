@@ -79,6 +79,12 @@ step engines-tree32 600 python3 benchmarks/gpu_engines.py run --engine sglang --
 #    gpu_engines.py now sets to info with DFLASH_TREE_PROFILE), with the per-phase profile
 step round-tree 400 env DFLASH_TREE_PROFILE=20 python3 benchmarks/gpu_engines.py round-cost --engine sglang --mode tree \
     --num-spec-tokens 32 --no-prefill-graphs --shape qwen3-8b --out "$E/round-sglang-tree.json"
+# 5a. the verify cost of N nodes at the 8B shape (issue 19's table): 16 and 64 nodes beside step 5's 32
+for n in 16 64; do
+  step round-tree$n-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang --mode tree \
+      --num-spec-tokens $n --no-prefill-graphs --shape qwen3-8b \
+      --out "$E/round-sglang-tree$n-8b.json"
+done
 # 5b. the same rounds kernel by kernel (SGLang's torch profiler, 20 decode steps; 2026-12-03: the
 #     33-token tree verify 7.0 ms on the GPU vs a 1-token plain step's 5.12 ms, not yet split):
 #     tree, DFLASH and plain at the 8B shape; tables in the JSONs, traces left in /tmp/traces
