@@ -192,7 +192,7 @@ def worker_class() -> type:
             self._last = None  # (launch time, bs, q) of the last decode step
             self._log_every = int(os.environ.get("DFLASH_ADAPTIVE_LOG_EVERY", "1000"))
             self._appends: dict[int, AppendStage] = {}  # q -> its decode append's graphs
-            self._no_noise = None  # BlockEmbeddingSkipped, made at the first q = 1 step
+            self._no_noise = None  # BlockEmbeddingSkipped (or False), at the first q = 1 step
 
         def _runners(self):
             return {"target": self.target_worker.model_runner, "draft": self._draft_mr}
@@ -301,9 +301,12 @@ def worker_class() -> type:
             if q > 1:
                 return super().forward_batch_generation(batch, on_publish=on_publish)
             model = self.target_worker.model_runner.model
-            if self._no_noise is None:
-                self._no_noise = BlockEmbeddingSkipped(
-                    model.get_input_embeddings(), lambda: self._draft_block_ids_buf)
+            if self._no_noise is None:  # a table without `weight`: embed as DFLASH does
+                embed = model.get_input_embeddings()
+                self._no_noise = (BlockEmbeddingSkipped(embed, lambda: self._draft_block_ids_buf)
+                                  if hasattr(embed, "weight") else False)
+            if not self._no_noise:
+                return super().forward_batch_generation(batch, on_publish=on_publish)
             with input_embeddings_as(model, self._no_noise):
                 return super().forward_batch_generation(batch, on_publish=on_publish)
 
