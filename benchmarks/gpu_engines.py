@@ -109,10 +109,8 @@ from the engine's own counters (deltas around the row) and every prompt's output
 about 2 GB, loaded for real: vLLM's drafter breaks on dummy weights, see bench/engine_rows.py);
 batch 1, a --prompt-tokens prompt; acceptance is ~0 with random weights. Per repeat,
 time(--decode-tokens new tokens) - time(1 new token) is divided by the decode steps (plain) or by
-the drafter rounds counted by the engine (DFlash); medians over --repeats. With
---kernel-trace DIR (SGLang): then one more request under SGLang's profiler, its first
---trace-steps decode steps summed per GPU kernel (`bench/kernel_trace.py`) into the JSON's
-`kernels` (the traces stay in DIR).
+the drafter rounds counted by the engine (DFlash); medians over --repeats (--kernel-trace:
+`bench/kernel_trace.py`).
 """
 
 from __future__ import annotations
@@ -149,6 +147,7 @@ from bench.engine_rows import (  # noqa: E402
     start_engine,
     tau_of,
 )
+from bench.kernel_trace import markdown, per_kernel, refusal  # noqa: E402
 from bench.round_cost import median, round_cost  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -281,14 +280,11 @@ def cmd_round_cost(args) -> None:
 
     from dflash_plugin.training.data import load_prompts_jsonl
 
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="round-cost-"))
     if args.mode == "tuned":
         sys.exit("round-cost measures --mode plain, dflash or tree")
-    if args.kernel_trace and args.engine != "sglang":
-        sys.exit("--kernel-trace records through SGLang's profiler: --engine sglang")
-    if args.kernel_trace and not 1 <= args.trace_steps < args.decode_tokens - 1:
-        sys.exit(f"--trace-steps must be in [1, {args.decode_tokens - 2}] "
-                 f"(--decode-tokens - 2), got {args.trace_steps}")
+    if args.kernel_trace and (why := refusal(args.engine, args.trace_steps, args.decode_tokens)):
+        sys.exit(why)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="round-cost-"))
     random_draft = args.draft_weights == "random" and args.mode in ("dflash", "tree")
     target, draft = shaped_model_dirs(args.shape, args.tokenizer, work,
                                       draft_weights=random_draft)
@@ -302,16 +298,12 @@ def cmd_round_cost(args) -> None:
     doc = header(args, runner, "round-cost")
     doc.update(shape=args.shape, shape_config=SHAPES[args.shape], prompt_tokens=len(ids),
                decode_tokens=args.decode_tokens, repeats=args.repeats)
-
     doc.update(round_cost(runner, ids, args.decode_tokens, args.repeats,
                           speculative=args.mode != "plain"))
     write(doc, args.out)
     if args.kernel_trace:
-        from bench.kernel_trace import kernel_table, load_events, markdown, record
-
-        trace = record(runner, ids, args.decode_tokens, args.trace_steps, args.kernel_trace)
-        doc["kernels"] = dict(kernel_table(load_events(trace), args.trace_steps),
-                              trace=str(trace))
+        doc["kernels"] = per_kernel(runner, ids, args.decode_tokens, args.trace_steps,
+                                    args.kernel_trace)
         write(doc, args.out)
         print(markdown(doc["kernels"]), flush=True)
     what = "decode step"
@@ -391,9 +383,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="random: write random drafter safetensors and load them; dummy: the "
                    "engine's dummy loader for the drafter too (fails in vLLM, see "
                    "bench/engine_rows)")
-    c.add_argument("--kernel-trace", type=Path, default=None,
-                   help="SGLang: record a torch-profiler trace of --trace-steps decode steps "
-                   "into this folder and sum GPU time per kernel")
+    c.add_argument("--kernel-trace", type=Path, help="SGLang: traces here, GPU time per kernel")
     c.add_argument("--trace-steps", type=int, default=20)
     c.set_defaults(func=cmd_round_cost)
 

@@ -16,14 +16,24 @@ from pathlib import Path
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
+def refusal(engine: str, steps: int, tokens: int) -> str | None:
+    """Why a kernel trace of `steps` decode steps of a `tokens`-token request cannot be
+    recorded on `engine` (None: it can); checked before any engine starts."""
+    if engine != "sglang":
+        return "--kernel-trace records through SGLang's profiler: --engine sglang"
+    if not 1 <= steps < tokens - 1:
+        return f"--trace-steps must be in [1, {tokens - 2}] (--decode-tokens - 2), got {steps}"
+    return None
+
+
 def record(runner, ids: list[int], tokens: int, steps: int, out_dir: Path) -> Path:
     """One greedy request of `tokens` new tokens on a started SGLang runner, its first `steps`
     decode steps (speculative rounds) under SGLang's profiler by stage (CPU and GPU activity;
     the prefill goes to a file of its own); returns the decode trace written in `out_dir`."""
     from bench.engine_rows import Sampling
 
-    if not 1 <= steps < tokens - 1:
-        raise ValueError(f"steps must be in [1, tokens - 2] = [1, {tokens - 2}], got {steps}")
+    if why := refusal("sglang", steps, tokens):
+        raise ValueError(why)
     out_dir.mkdir(parents=True, exist_ok=True)
     before = set(out_dir.glob("*.trace.json.gz"))
     runner.engine.start_profile(output_dir=str(out_dir), activities=["CPU", "GPU"],
@@ -36,6 +46,12 @@ def record(runner, ids: list[int], tokens: int, steps: int, out_dir: Path) -> Pa
             return new[-1]
         time.sleep(0.1)
     raise FileNotFoundError(f"SGLang's profiler wrote no decode trace in {out_dir}")
+
+
+def per_kernel(runner, ids: list[int], tokens: int, steps: int, out_dir: Path) -> dict:
+    """`record`, then its `kernel_table` with the trace's path."""
+    trace = record(runner, ids, tokens, steps, out_dir)
+    return dict(kernel_table(load_events(trace), steps), trace=str(trace))
 
 
 def load_events(path: Path) -> list[dict]:

@@ -298,16 +298,14 @@ def worker_class() -> type:
                                {c: {k: round(v, 2) for k, v in r.items()}
                                 for c, r in self.policy.times().items()},
                                [round(v, 2) for v in self.policy.survival.values()[:8]])
-            if q > 1:
-                return super().forward_batch_generation(batch, on_publish=on_publish)
-            model = self.target_worker.model_runner.model
-            if self._no_noise is None:  # a table without `weight`: embed as DFLASH does
+            model, skip = self.target_worker.model_runner.model, contextlib.nullcontext()
+            if q == 1 and self._no_noise is None:  # a table without `weight`: DFLASH's own
                 embed = model.get_input_embeddings()
                 self._no_noise = (BlockEmbeddingSkipped(embed, lambda: self._draft_block_ids_buf)
                                   if hasattr(embed, "weight") else False)
-            if not self._no_noise:
-                return super().forward_batch_generation(batch, on_publish=on_publish)
-            with input_embeddings_as(model, self._no_noise):
+            if q == 1 and self._no_noise:
+                skip = input_embeddings_as(model, self._no_noise)
+            with skip:
                 return super().forward_batch_generation(batch, on_publish=on_publish)
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):

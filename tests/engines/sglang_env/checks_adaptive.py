@@ -289,6 +289,7 @@ def test_plain_step_skips_only_the_drafter_blocks_noise_embedding(monkeypatch):
     those ids and the real table's rows for any other ids; q > 1 steps and the model after a
     step (one that raised included) are untouched. The real class and a real torch embedding;
     DFLASH's CUDA step is replaced by a stand-in that embeds as it does."""
+    import collections
     import re
     from types import SimpleNamespace
 
@@ -334,7 +335,7 @@ def test_plain_step_skips_only_the_drafter_blocks_noise_embedding(monkeypatch):
     worker.__dict__.update(
         _target_worker=SimpleNamespace(model_runner=SimpleNamespace(model=model)),
         _states={1: {}, 16: {}}, _q=1, _no_noise=None, _issued=[], _last=None,
-        _steps=__import__("collections").Counter(), _log_every=0,
+        _steps=collections.Counter(), _log_every=0,
         _draft_block_ids_buf=torch.tensor([[3], [4], [5]]))
     worker._use = lambda q: worker.__dict__.update(_q=q)
     worker.policy = ServerPolicy(AdaptiveConfig(), {1: {1: 1.0, 16: 2.0}}, 16)
