@@ -25,6 +25,19 @@ E=$R/gpu-engines
 step stage 120 python3 -m pytest -q -m gpu tests/engines/test_sglang_tree_stage.py \
     tests/engines/test_sglang_tree_append.py -p no:cacheprovider
 grep -q "^stage rc=[1-9]" "$R/queue.log" && { export DFLASH_TREE_GRAPHS=0; echo "tree graphs off" | tee -a "$R/queue.log"; }
+# 1b. the 8B-shape rounds of step 5 kernel by kernel (SGLang's torch profiler, 20 decode steps;
+#     2026-12-03: the 33-token tree verify 7.0 ms on the GPU vs a 1-token plain step's 5.12 ms, not yet split):
+#     tree, DFLASH and plain at the 8B shape; tables in the JSONs, traces left in /tmp/traces
+for m in tree dflash plain; do
+  step kernels-$m-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang --mode $m \
+      --num-spec-tokens $([ $m = tree ] && echo 32 || echo 15) --no-prefill-graphs \
+      --shape qwen3-8b --kernel-trace /tmp/traces/$m --out "$E/kernels-sglang-$m-8b.json"
+done
+# 1c. the adaptive server as a whole at the Qwen3-8B shape (random weights, tau ~ 1: it should
+#     take plain steps and probe q = 16 now and then) beside plain SGLang: within 3 % of plain?
+step adaptive-8b 600 python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b \
+    --modes plain,adaptive --concurrency 1,4,16,64 --out "$R/gpu-adaptive-sglang-8b" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
 # 2. issue 20 in SGLang: one engine per k, the best k per concurrency
 step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
     --target examples/fixtures/code-target --draft examples/fixtures/code-target-dflash-b16 \
@@ -50,11 +63,6 @@ step profile-q1 600 python3 benchmarks/gpu_adaptive_sglang.py profile \
 step profile-8b 600 python3 benchmarks/gpu_adaptive_sglang.py profile --shape qwen3-8b \
     --modes plain,adaptive-q1,dflash --concurrency 1,4,16,64 --requests-per-slot 4 \
     --out "$R/gpu-adaptive-sglang-profile-8b" \
-    --config benchmarks/results/gpu-engines/tune-sglang.json
-# 2f. the adaptive server as a whole at the Qwen3-8B shape (random weights, tau ~ 1: it should
-#     take plain steps and probe q = 16 now and then) beside plain SGLang: within 3 % of plain?
-step adaptive-8b 600 python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b \
-    --modes plain,adaptive --concurrency 1,4,16,64 --out "$R/gpu-adaptive-sglang-8b" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 # 3. Spiffy at 8 requests: with the draft-row K/V copy (SPIFFY_COPY_DRAFT_KV=1) one token was
 #    4.15 nats off one-step decoding (2026-12-01 and -02), without it (now the default) none. Rows:
@@ -84,14 +92,6 @@ for n in 16 64; do
   step round-tree$n-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang --mode tree \
       --num-spec-tokens $n --no-prefill-graphs --shape qwen3-8b \
       --out "$E/round-sglang-tree$n-8b.json"
-done
-# 5b. the same rounds kernel by kernel (SGLang's torch profiler, 20 decode steps; 2026-12-03: the
-#     33-token tree verify 7.0 ms on the GPU vs a 1-token plain step's 5.12 ms, not yet split):
-#     tree, DFLASH and plain at the 8B shape; tables in the JSONs, traces left in /tmp/traces
-for m in tree dflash plain; do
-  step kernels-$m-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang --mode $m \
-      --num-spec-tokens $([ $m = tree ] && echo 32 || echo 15) --no-prefill-graphs \
-      --shape qwen3-8b --kernel-trace /tmp/traces/$m --out "$E/kernels-sglang-$m-8b.json"
 done
 # 6. where a tree round's time goes (tree phase and drafter-KV append graphed, captured at start;
 #    2026-12-02: every phase host-bound, the eager append 1.2 ms), 1 and 8 requests
