@@ -143,16 +143,17 @@ class BlockPolicy:
         self.max_q = max_q
         self.survival = Survival(positions, cfg.decay, cfg.prior)
         self.decisions = 0
+        self.probe_len = 1  # rounds per probe (ServerPolicy: 2, see StepClock)
         self.short_rounds = 0  # rounds since the last one at probe_q (plain ones included)
         longer = [q for q in self.round_ms if q > 1]
         self.probe_q = max(longer) if len(self.round_ms) > 1 and longer else None
 
     def spacing(self, q: int) -> int:
-        """Rounds at q between probes at probe_q: probe_every, or more where a probe costs over
-        probe_overhead of those rounds' time (0: never)."""
+        """Rounds at q between probes at probe_q: probe_every, or more where a probe (of
+        `probe_len` rounds) costs over probe_overhead of those rounds' time (0: never)."""
         if not self.cfg.probe_every or not self.probe_q or q >= self.probe_q:
             return 0
-        extra = self.round_ms[self.probe_q] / self.round_ms[q] - 1
+        extra = self.probe_len * (self.round_ms[self.probe_q] / self.round_ms[q] - 1)
         return max(self.cfg.probe_every, math.ceil(extra / self.cfg.probe_overhead))
 
     def observe_round(self, drafted: int, accepted: list[int]) -> None:
@@ -187,6 +188,34 @@ def nearest_row(rows: list[int], bs: int) -> int:
     return min(sorted(rows), key=lambda c: (Fraction(max(c, bs), min(c, bs)), c))
 
 
+class StepClock:
+    """Step times of a serving engine from its decode-step launch times alone. In an overlapped
+    schedule (SGLang's default: launch step N, then wait for step N - 1's results) the time
+    from launch N to launch N + 1 is mostly step N - 1's, where the GPU sets the pace, and
+    step N's launch work, where the host does; without overlap it is step N's. So an interval
+    counts only where steps N - 1 and N had the same batch size and q (and step N + 1 the same
+    batch size): then it is a step of that (bs, q) either way. (Attributed to step N alone, a
+    lone q = 16 probe among plain steps read as a plain step and the plain step after it as
+    the probe: on the H200 at the Qwen3-8B shape the server believed 5.56 ms for q = 16 at 64
+    requests against 6.7 for q = 1 and ran at 0.36x plain, 2026-12-03.) Probes therefore take
+    two steps (`ServerPolicy(probe_steps=2)`). A prefill or idle step in between: `reset`."""
+
+    def __init__(self):
+        self._prev = self._last = None  # (launch s, bs, q) of steps N - 1 and N
+
+    def reset(self) -> None:
+        self._prev = self._last = None
+
+    def launch(self, now: float, bs: int, q: int) -> tuple[int, int, float] | None:
+        """Step N + 1 of `bs` rows at q launches at `now` (seconds): the (bs, q, ms) sample
+        of the interval since step N's launch, when it counts (see the class), else None."""
+        prev, last = self._prev, self._last
+        self._prev, self._last = last, (now, bs, q)
+        if prev is None or last is None or prev[1:] != last[1:] or last[1] != bs:
+            return None
+        return last[1], last[2], 1e3 * (now - last[0])
+
+
 class ServerPolicy:
     """A serving engine's block length per step (SGLang's DFLASH_ADAPTIVE): round times measured
     per concurrency (`engines.sglang_adaptive.step_times`), one pooled decayed survival of every
@@ -197,15 +226,20 @@ class ServerPolicy:
     engine mode measured. The engine reads accepted lengths back late (SGLang: one step behind),
     so `observe` takes the q the step was issued with."""
 
-    def __init__(self, cfg: AdaptiveConfig, rows: dict[int, dict[int, float]], max_q: int):
+    def __init__(self, cfg: AdaptiveConfig, rows: dict[int, dict[int, float]], max_q: int,
+                 probe_steps: int = 1):
         require(bool(rows), "rows", "needs round times of at least one concurrency")
         require(max_q >= 1, "max_q", f"must be >= 1, got {max_q}")
+        require(probe_steps >= 1, "probe_steps", f"must be >= 1, got {probe_steps}")
+        self.probe_steps = probe_steps  # consecutive steps per probe (2: StepClock times one)
+        self._probing: dict[int, int] = {}  # row -> probe steps still to issue
         positions = max(max_q - 1, 1)
         self.survival = Survival(positions, cfg.decay, cfg.prior)
         self.policies = {}
         for c, ms in sorted(rows.items()):
             p = BlockPolicy(cfg, ms, max_q, positions)
             p.survival = self.survival  # acceptance does not depend on the batch size
+            p.probe_len = probe_steps
             self.policies[c] = p
         self._live: dict[tuple[int, int], tuple[float, float]] = {}  # (c, q) -> decayed w, sum
         self._warm: set[tuple[int, int]] = set()  # (bs, q) whose first step time was seen
@@ -221,10 +255,15 @@ class ServerPolicy:
         return sorted({q for p in self.policies.values() for q in p.round_ms})
 
     def choose(self, bs: int) -> int:
-        p = self.policies[self._row(bs)]
+        c = self._row(bs)
+        p = self.policies[c]
+        if self._probing.get(c):  # the rest of a probe
+            self._probing[c] -= 1
+            return p.probe_q
         q, most = p.choose()
         if most == 1 and q == p.probe_q:
-            p.short_rounds = 0  # a probe: its round is read back late, do not repeat it
+            p.short_rounds = 0  # a probe: its rounds are read back late, do not repeat it
+            self._probing[c] = self.probe_steps - 1
         return q
 
     def observe(self, bs: int, q: int, accepted: list[int]) -> None:

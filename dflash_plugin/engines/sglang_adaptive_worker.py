@@ -16,8 +16,9 @@ context. The scheduler keeps reserving W slots per request and step (SGLang's
 server args stay at W); a step reports its own q (`speculative_num_draft_tokens` of the
 result), which SGLang's result processing reads per result. The choice per step is
 `adaptive.ServerPolicy`: step times from `dflash tune --engine sglang` at first, replaced by the
-server's own (launch to launch of consecutive decode steps of one batch size), acceptance from
-SGLang's `on_verify_complete_cpu` (results read back one step late in overlap mode).
+server's own (launch to launch of decode steps, `adaptive.StepClock`; probes of two steps),
+acceptance from SGLang's `on_verify_complete_cpu` (results read back one step late in overlap
+mode).
 
 The drafter-KV append of a decode step (DFLASH's `_append_target_hidden_to_draft_kv_by_loc`
 with the step's `[bs, q]` slots and commit lengths) replays one CUDA graph per (q, batch
@@ -39,7 +40,7 @@ from functools import cache
 
 import torch
 
-from ..adaptive import AdaptiveConfig, ServerPolicy
+from ..adaptive import AdaptiveConfig, ServerPolicy, StepClock
 from .sglang_adaptive import FLAG, NAME, load_step_times
 from .sglang_buckets import graphs_enabled
 from .sglang_tree_append import AppendStage, fused_workspaces
@@ -184,12 +185,13 @@ def worker_class() -> type:
             self.max_q = w
             self._draft_mr = self.draft_model_runner  # the real one (q = 1 swaps in NoDraft)
             rows = load_step_times(getattr(server_args, FLAG, None), w)
-            self.policy = ServerPolicy(AdaptiveConfig(probe_overhead=0.03), rows, w)
+            self.policy = ServerPolicy(AdaptiveConfig(probe_overhead=0.03), rows, w,
+                                       probe_steps=2)
             self._states: dict[int, dict] = {}
             self._q = w
             self._issued = collections.deque(maxlen=256)  # (bs, q) not yet read back
             self._steps = collections.Counter()  # q -> decode steps issued
-            self._last = None  # (launch time, bs, q) of the last decode step
+            self._clock = StepClock()  # step times from decode launches
             self._log_every = int(os.environ.get("DFLASH_ADAPTIVE_LOG_EVERY", "1000"))
             self._appends: dict[int, AppendStage] = {}  # q -> its decode append's graphs
             self._no_noise = None  # BlockEmbeddingSkipped (or False), at the first q = 1 step
@@ -280,16 +282,14 @@ def worker_class() -> type:
             decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch
                           or batch.forward_mode.is_idle())
             if not (decode and self._states):
-                self._last = None  # a prefill in between: no step time
+                self._clock.reset()  # a prefill in between: no step time
                 return super().forward_batch_generation(batch, on_publish=on_publish)
             bs, now = len(batch.seq_lens), time.perf_counter()
-            if self._last is not None and self._last[1] == bs:
-                # launch to launch at one batch size: the step's time in the overlap schedule
-                self.policy.timed(bs, self._last[2], 1e3 * (now - self._last[0]))
             q = self.policy.choose(bs)
+            if sample := self._clock.launch(now, bs, q):
+                self.policy.timed(*sample)
             self._use(q)
             self._issued.append((bs, q))
-            self._last = (now, bs, q)
             self._steps[q] += 1
             n = sum(self._steps.values())
             if self._log_every and n % self._log_every == 0:  # warning: SGLang's level shows it

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_plugin.adaptive import AdaptiveConfig, ServerPolicy, nearest_row
+from dflash_plugin.adaptive import AdaptiveConfig, ServerPolicy, StepClock, nearest_row
 from dflash_plugin.engines.sglang_adaptive import step_times
 from dflash_plugin.errors import ConfigError
 
@@ -217,3 +217,68 @@ def test_server_policy_bad_input():
         ServerPolicy(AdaptiveConfig(), {1: {1: 1.0}}, max_q=0)
     with pytest.raises(ConfigError, match="round_ms"):
         ServerPolicy(AdaptiveConfig(), {1: {1: 1.0}, 8: {16: 2.0}}, max_q=8)
+
+
+def test_server_policy_probe_steps_issues_each_probe_twice():
+    """probe_steps=2: a probe is two consecutive steps at the longest q, then plain again; the
+    spacing doubles with the probe's length (it costs twice)."""
+    cfg = AdaptiveConfig(probe_every=4, probe_overhead=0.5)
+    one = ServerPolicy(cfg, {1: {1: 1.0, 16: 1.5}}, max_q=16)
+    two = ServerPolicy(cfg, {1: {1: 1.0, 16: 1.5}}, max_q=16, probe_steps=2)
+    for policy in (one, two):
+        for _ in range(60):
+            policy.observe(1, 16, [0])
+    assert two.policies[1].spacing(1) == 4  # probe_every still binds
+    slow = ServerPolicy(cfg, {1: {1: 1.0, 16: 4.0}}, max_q=16, probe_steps=2)
+    assert slow.policies[1].spacing(1) == 12  # 2 x (4 - 1) / 0.5
+    for _ in range(4):
+        two.observe(1, 1, [0])
+    assert [two.choose(1) for _ in range(3)] == [16, 16, 1]
+    with pytest.raises(ConfigError, match="probe_steps"):
+        ServerPolicy(cfg, {1: {1: 1.0}}, max_q=16, probe_steps=0)
+
+
+def test_step_clock_counts_an_interval_only_between_two_steps_alike():
+    """Launch to launch counts for (bs, q) only where the two steps before had that (bs, q)
+    and the launching step the same bs; a reset (prefill) forgets both."""
+    clock = StepClock()
+    assert clock.launch(0.000, 4, 1) is None
+    assert clock.launch(0.005, 4, 1) is None  # one step before: not enough
+    assert clock.launch(0.010, 4, 16) == (4, 1, pytest.approx(5.0))
+    assert clock.launch(0.016, 4, 16) is None  # steps 1 and 16 before: mixed
+    assert clock.launch(0.023, 4, 1) == (4, 16, pytest.approx(7.0))
+    assert clock.launch(0.028, 8, 1) is None  # the launching step has another bs
+    clock.reset()
+    assert clock.launch(0.030, 8, 1) is None and clock.launch(0.031, 8, 1) is None
+
+
+def _overlapped_server(policy, gpu_ms, steps, host_ms=0.5):
+    """An overlapped schedule (SGLang's): step N launches after its host work and after step
+    N - 2's results are back (the scheduler waits for N - 1 only once N is launched). Returns
+    the q of each step; every step verifies with no draft accepted."""
+    clock, launch, done, qs = StepClock(), 0.0, [0.0, 0.0], []
+    for _ in range(steps):
+        q = policy.choose(64)
+        if sample := clock.launch(launch / 1e3, 64, q):
+            policy.timed(*sample)
+        start = max(launch + host_ms, done[-1])  # the GPU runs the step after the previous
+        done.append(start + gpu_ms[q])
+        policy.observe(64, q, [0] * 64)
+        qs.append(q)
+        launch = max(launch + host_ms, done[-2])  # step N + 1 waits for N - 1's results
+    return qs
+
+
+def test_step_clock_learns_true_step_times_in_an_overlapped_schedule():
+    """GPU-bound steps (q = 1: 6.7 ms, q = 16: 20 ms at 64 requests), nothing accepted, tune
+    times that make speculation look free: the live times converge to the GPU's and the
+    policy goes plain, probing now and then. Timed as before (the interval to the next launch
+    given to the step that launched it), a lone probe read as a plain step and the next plain
+    step as the probe: the times converged to nothing like the GPU's."""
+    gpu = {1: 6.7, 16: 20.0}
+    policy = ServerPolicy(AdaptiveConfig(probe_overhead=0.03), {64: {1: 6.0, 16: 6.0}},
+                          max_q=16, probe_steps=2)
+    qs = _overlapped_server(policy, gpu, 2000)
+    times = policy.times()[64]
+    assert times[1] == pytest.approx(6.7, rel=0.02) and times[16] == pytest.approx(20.0, rel=0.05)
+    assert qs[-1000:].count(1) >= 960  # probes: 2 steps of 16 per >= 134 plain ones

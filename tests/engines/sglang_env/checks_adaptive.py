@@ -296,7 +296,7 @@ def test_plain_step_skips_only_the_drafter_blocks_noise_embedding(monkeypatch):
     import torch
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-    from dflash_plugin.adaptive import AdaptiveConfig, ServerPolicy
+    from dflash_plugin.adaptive import AdaptiveConfig, ServerPolicy, StepClock
     from dflash_plugin.engines import sglang_adaptive_worker as w
 
     src = inspect.getsource(DFlashWorkerV2.forward_batch_generation)
@@ -334,7 +334,7 @@ def test_plain_step_skips_only_the_drafter_blocks_noise_embedding(monkeypatch):
     worker = cls.__new__(cls)
     worker.__dict__.update(
         _target_worker=SimpleNamespace(model_runner=SimpleNamespace(model=model)),
-        _states={1: {}, 16: {}}, _q=1, _no_noise=None, _issued=[], _last=None,
+        _states={1: {}, 16: {}}, _q=1, _no_noise=None, _issued=[], _clock=StepClock(),
         _steps=collections.Counter(), _log_every=0,
         _draft_block_ids_buf=torch.tensor([[3], [4], [5]]))
     worker._use = lambda q: worker.__dict__.update(_q=q)
