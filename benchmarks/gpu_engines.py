@@ -190,6 +190,7 @@ def engine_spec(args, target: str, draft: str | None, **kw) -> EngineSpec:
         if args.engine != "sglang":
             sys.exit("--mode tree needs --engine sglang (vLLM has no tree verification hook)")
         kw["tree_topk"] = args.tree_topk
+        kw["draft_attention_backend"] = args.draft_attention_backend
         if os.environ.get("DFLASH_TREE_PROFILE"):  # its lines log at info (Engine's: error)
             kw["log_level"] = "info"
     if getattr(args, "mode", None) == "tuned":
@@ -337,6 +338,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                        help="tuned (vLLM): the --speculative-config of a dflash tune report; "
                        "tree (SGLang): our DFLASH_TREE, node budget --num-spec-tokens")
         q.add_argument("--tree-topk", type=int, default=4, help="--mode tree: top-K per depth")
+        q.add_argument("--draft-attention-backend", choices=("flashinfer", "fa3", "triton"),
+                       help="--mode tree: the drafter's (default: the target's, flashinfer)")
         q.add_argument("--tuned", default=None, help="dflash tune report JSON (--mode tuned)")
         q.add_argument("--prompts", default=str(FIX / "dev-prompts.jsonl"))
         q.add_argument("--dtype", default="bfloat16")

@@ -86,6 +86,9 @@ def test_dllm_fp32_needs_eager_triton_and_deterministic_reaches_sglang(scripts):
         EngineSpec(engine="sglang", target="t", draft=None))
     with pytest.raises(ValueError, match="SGLang keywords"):
         vllm_kwargs(EngineSpec(engine="vllm", target="t", draft=None, deterministic=True))
+    with pytest.raises(ValueError, match="SGLang keywords"):
+        vllm_kwargs(EngineSpec(engine="vllm", target="t", draft="d",
+                               draft_attention_backend="fa3"))
 
 
 def _doc(mode, rows):
@@ -131,6 +134,12 @@ def test_engines_tree_mode_reaches_sglang_kwargs(scripts):  # noqa: F811
     dflash = engines.parse_args(["run", "--engine", "sglang", "--mode", "dflash", "--out", "x"])
     kw = sglang_kwargs(engines.engine_spec(dflash, "t", "d"))
     assert kw["speculative_algorithm"] == "DFLASH" and "speculative_eagle_topk" not in kw
+    # the drafter's backend apart from the target's (fa3 drafter, flashinfer tree verify)
+    fa3 = engines.parse_args(["round-cost", "--engine", "sglang", "--mode", "tree",
+                              "--draft-attention-backend", "fa3", "--out", "x"])
+    kw = sglang_kwargs(engines.engine_spec(fa3, "t", "d", max_seqs=1))
+    assert (kw["attention_backend"], kw["speculative_draft_attention_backend"]) == (
+        "flashinfer", "fa3")
 
 
 def test_engines_tree_mode_refused_for_vllm(scripts):  # noqa: F811

@@ -66,6 +66,8 @@ class EngineSpec:
     attention_backend: str | None = None  # SGLang target + drafter backend (None: its default;
     # DFLASH_TREE: flashinfer). flashinfer and fa3 have no fp32 kernels: fp32 runs need triton
     deterministic: bool = False  # SGLang enable_deterministic_inference (batch-invariant ops)
+    draft_attention_backend: str | None = None  # SGLang drafter only, over the above (DFLASH_TREE:
+    # "fa3" keeps flashinfer's host-copying plan out of the drafter's replays)
 
 
 @dataclass(frozen=True)
@@ -81,9 +83,9 @@ Done = Finished  # one finished request (token ids, latency, TTFT, SGLang verify
 def vllm_kwargs(spec: EngineSpec) -> dict:
     """The keyword arguments of `vllm.LLM` for `spec` (imports vLLM only for a drafter's own
     load format)."""
-    if spec.attention_backend or spec.deterministic:
-        raise ValueError("attention_backend / deterministic are SGLang keywords here; vLLM runs "
-                         "take its default backend")
+    if spec.attention_backend or spec.draft_attention_backend or spec.deterministic:
+        raise ValueError("attention_backend / draft_attention_backend / deterministic are SGLang "
+                         "keywords here; vLLM runs take its default backend")
     if spec.tree_topk is not None:
         raise ValueError("mode tree: vLLM has no hook for tree verification (README, 'Tree "
                          "drafting and vLLM'); tree rows run in SGLang (--engine sglang)")
@@ -142,6 +144,8 @@ def sglang_kwargs(spec: EngineSpec) -> dict:
         kw["attention_backend"] = spec.attention_backend
         if spec.draft:
             kw["speculative_draft_attention_backend"] = spec.attention_backend
+    if spec.draft_attention_backend and spec.draft:
+        kw["speculative_draft_attention_backend"] = spec.draft_attention_backend
     if spec.deterministic:
         kw["enable_deterministic_inference"] = True
     return kw

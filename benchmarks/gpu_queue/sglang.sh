@@ -25,9 +25,16 @@ E=$R/gpu-engines
 step stage 120 python3 -m pytest -q -m gpu tests/engines/test_sglang_tree_stage.py \
     tests/engines/test_sglang_tree_append.py -p no:cacheprovider
 grep -q "^stage rc=[1-9]" "$R/queue.log" && { export DFLASH_TREE_GRAPHS=0; echo "tree graphs off" | tee -a "$R/queue.log"; }
+# 1a. the tree round at the 8B shape with the drafter on fa3 (its TARGET_VERIFY replays then skip
+#     flashinfer's host-copying plan, per 0.5.16's source): 2026-12-03 the flashinfer-drafter
+#     round was 7.74 ms of kernels + 2.15 ms of idle GPU (DFLASH: 6.50 + 0.04); kernel table too
+step kernels-tree-fa3draft-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang \
+    --mode tree --num-spec-tokens 32 --no-prefill-graphs --shape qwen3-8b \
+    --draft-attention-backend fa3 --kernel-trace /tmp/traces/tree-fa3draft \
+    --out "$E/kernels-sglang-tree-fa3draft-8b.json"
 # 1b. the 8B-shape rounds of step 5 kernel by kernel (SGLang's torch profiler, 20 decode steps;
-#     2026-12-03: the 33-token tree verify 7.0 ms on the GPU vs a 1-token plain step's 5.12 ms, not yet split):
-#     tree, DFLASH and plain at the 8B shape; tables in the JSONs, traces left in /tmp/traces
+#     ran 2026-12-03, BENCHMARKS.md): tree, DFLASH and plain at the 8B shape; tables in the
+#     JSONs, traces left in /tmp/traces
 for m in tree dflash plain; do
   step kernels-$m-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang --mode $m \
       --num-spec-tokens $([ $m = tree ] && echo 32 || echo 15) --no-prefill-graphs \
@@ -35,6 +42,7 @@ for m in tree dflash plain; do
 done
 # 1c. the adaptive server as a whole at the Qwen3-8B shape (random weights, tau ~ 1: it should
 #     take plain steps and probe q = 16 now and then) beside plain SGLang: within 3 % of plain?
+#     (2026-12-03, before StepClock: 0.93 / 0.93 / 0.79 / 0.36x plain, step times misattributed)
 step adaptive-8b 600 python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b \
     --modes plain,adaptive --concurrency 1,4,16,64 --out "$R/gpu-adaptive-sglang-8b" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
