@@ -53,6 +53,7 @@ def test_load_events_reads_a_torch_profiler_export(kt, tmp_path):
     events = kt.load_events(path)
     assert any("mm" in e.get("name", "") for e in events)
     assert kt.kernel_table(events, rounds=1)["gpu_us_per_round"] == 0.0  # CPU ops only
+    assert kt.timeline(events, rounds=1)["host_waits"] == []  # no CUDA runtime calls
 
 
 def test_round_cost_kernel_trace_refuses_before_any_engine(tmp_path):
@@ -68,3 +69,41 @@ def test_round_cost_kernel_trace_refuses_before_any_engine(tmp_path):
                            timeout=300, cwd=ROOT)
     assert steps.returncode != 0 and "--trace-steps must be in [1, 14]" in steps.stderr
     assert not (tmp_path / "o.json").exists()
+
+
+def frame(name, ts, dur, tid=1):
+    return {"name": name, "cat": "python_function", "ph": "X", "ts": ts, "dur": dur, "pid": 0,
+            "tid": tid}
+
+
+def test_timeline_gpu_idle_and_who_waited(kt):
+    """GPU busy is the union of its events (overlap counted once), idle the rest of its span;
+    a blocking runtime call is charged to the innermost Python frames around it on its own
+    thread (a frame that ended before it, or another thread's, does not count); short
+    memcpys and non-blocking calls are not waits."""
+    gpu = [dict(ev("k1", 100.0), ts=0), dict(ev("k2", 100.0), ts=50),  # busy 0-150
+           dict(ev("copy", 10.0, "gpu_memcpy"), ts=400)]  # idle 150-400
+    frames = [frame("scheduler.py(1): loop", 0, 1000), frame("worker.py(2): step", 10, 900),
+              frame("flashinfer/prefill.py(3): plan", 200, 100),
+              frame("worker.py(4): done_before", 150, 20),
+              frame("other.py(5): elsewhere", 0, 1000, tid=2)]
+    rt = [dict(ev("cudaStreamSynchronize", 80.0, "cuda_runtime"), ts=210, pid=0, tid=1),
+          dict(ev("cudaMemcpyAsync", 30.0, "cuda_runtime"), ts=205, pid=0, tid=1),
+          dict(ev("cudaMemcpyAsync", 5.0, "cuda_runtime"), ts=300, pid=0, tid=1),  # short
+          dict(ev("cudaLaunchKernel", 90.0, "cuda_runtime"), ts=600, pid=0, tid=1),
+          dict(ev("cudaStreamSynchronize", 40.0, "cuda_runtime"), ts=950, pid=0, tid=1)]
+    t = kt.timeline(gpu + frames + rt, rounds=2, depth=2)
+    assert t["gpu_busy_us_per_round"] == pytest.approx(160 / 2)
+    assert t["gpu_idle_us_per_round"] == pytest.approx((410 - 160) / 2)
+    assert t["host_wait_us_per_round"] == pytest.approx((80 + 30 + 40) / 2)
+    w = {(x["call"], x["where"]): x for x in t["host_waits"]}
+    plan = ("cudaStreamSynchronize", "flashinfer/prefill.py(3): plan < worker.py(2): step")
+    assert list(w)[0] == plan and w[plan]["us_per_round"] == 40.0
+    assert ("cudaMemcpyAsync", "flashinfer/prefill.py(3): plan < worker.py(2): step") in w
+    assert w[("cudaStreamSynchronize", "scheduler.py(1): loop")]["calls_per_round"] == 0.5
+    md = kt.markdown(dict(kt.kernel_table(gpu, 2), **t), rows=1)
+    assert "idle 125.0 us per round" in md and "| `cudaStreamSynchronize` |" in md
+    assert "| (the rest) | | 55.0 | |" in md  # k2 and the copy, past the first row
+    assert kt.timeline([], 1)["gpu_idle_us_per_round"] == 0.0
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        kt.timeline(gpu, 0)

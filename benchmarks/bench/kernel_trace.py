@@ -2,7 +2,8 @@
 decode rounds (`record`), summed per kernel name (`kernel_table`, CPU, any chrome trace).
 
 `round-cost --kernel-trace DIR` (gpu_engines.py, SGLang) records one request after its timed
-repeats; the table per round goes into its JSON, the traces (`*.trace.json.gz`) stay in DIR.
+repeats; the table per round goes into its JSON with the `timeline` (GPU busy and idle time,
+and which Python code waited for the GPU), the traces (`*.trace.json.gz`) stay in DIR.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ def record(runner, ids: list[int], tokens: int, steps: int, out_dir: Path) -> Pa
 
 
 def per_kernel(runner, ids: list[int], tokens: int, steps: int, out_dir: Path) -> dict:
-    """`record`, then its `kernel_table` with the trace's path."""
+    """`record`, then its `kernel_table` and `timeline` with the trace's path."""
     trace = record(runner, ids, tokens, steps, out_dir)
-    return dict(kernel_table(load_events(trace), steps), trace=str(trace))
+    events = load_events(trace)
+    return dict(kernel_table(events, steps, top=40), **timeline(events, steps), trace=str(trace))
 
 
 def load_events(path: Path) -> list[dict]:
@@ -81,13 +83,93 @@ def kernel_table(events: list[dict], rounds: int, top: int = 25) -> dict:
             "other_us_per_round": sum(total[n] for n in names[top:]) / rounds}
 
 
-def markdown(table: dict, width: int = 70) -> str:
-    """The table as markdown (names cut to `width` characters)."""
+def _cut(name: str, width: int) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def markdown(table: dict, width: int = 70, rows: int = 25) -> str:
+    """The table as markdown (its first `rows` kernels, names cut to `width` characters), and
+    the host's waits for the GPU when the table has a `timeline`."""
     lines = [f"GPU {table['gpu_us_per_round']:.1f} us per round over {table['rounds']} rounds",
              "", "| kernel | calls / round | us / round | share |", "|---|---|---|---|"]
-    for r in table["kernels"]:
-        name = r["name"] if len(r["name"]) <= width else r["name"][: width - 3] + "..."
-        lines.append(f"| `{name}` | {r['calls_per_round']:.1f} | {r['us_per_round']:.1f} | "
-                     f"{100 * r['share']:.1f} % |")
-    lines.append(f"| (the rest) | | {table['other_us_per_round']:.1f} | |")
+    for r in table["kernels"][:rows]:
+        lines.append(f"| `{_cut(r['name'], width)}` | {r['calls_per_round']:.1f} | "
+                     f"{r['us_per_round']:.1f} | {100 * r['share']:.1f} % |")
+    rest = table["other_us_per_round"] + sum(r["us_per_round"] for r in table["kernels"][rows:])
+    lines.append(f"| (the rest) | | {rest:.1f} | |")
+    if "host_waits" in table:
+        lines += ["", f"GPU busy {table['gpu_busy_us_per_round']:.1f} us, idle "
+                  f"{table['gpu_idle_us_per_round']:.1f} us per round; the host waited for the "
+                  f"GPU {table['host_wait_us_per_round']:.1f} us per round:", "",
+                  "| call | where (innermost Python frames) | calls / round | us / round |",
+                  "|---|---|---|---|"]
+        for w in table["host_waits"]:
+            lines.append(f"| `{w['call']}` | `{_cut(w['where'], 2 * width)}` | "
+                         f"{w['calls_per_round']:.1f} | {w['us_per_round']:.1f} |")
     return "\n".join(lines)
+
+
+def _busy(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def _enclosing(frames: list[dict], starts: list[float], e: dict, depth: int) -> list[str]:
+    """The innermost `depth` frames (sorted by start) that contain event `e`, innermost first:
+    scanning back from `e`'s start, the first containing frame is the innermost."""
+    import bisect
+
+    out, end = [], e["ts"] + e.get("dur", 0.0)
+    for i in range(bisect.bisect_right(starts, e["ts"]) - 1, -1, -1):
+        f = frames[i]
+        if f["ts"] + f.get("dur", 0.0) >= end:
+            out.append(f["name"])
+            if len(out) == depth:
+                break
+    return out
+
+
+def timeline(events: list[dict], rounds: int, min_us: float = 20.0, depth: int = 4,
+             top: int = 12) -> dict:
+    """Per round: GPU busy time (the union of its kernels, copies and sets), GPU idle time
+    (the trace's GPU span minus busy), and where the host waited for the GPU: CUDA runtime
+    calls that block (`*Synchronize*`, and `*Memcpy*` calls of at least `min_us`, e.g. a copy
+    to the host), grouped by the innermost `depth` Python frames around them (the profiler's
+    `python_function` events of the same thread; SGLang records them, `with_stack`); the `top`
+    longest groups."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    gpu = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events
+           if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES]
+    busy = _busy(gpu)
+    span = max(b for _, b in gpu) - min(a for a, _ in gpu) if gpu else 0.0
+    frames: dict = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "python_function":
+            frames[(e.get("pid"), e.get("tid"))].append(e)
+    for fs in frames.values():
+        fs.sort(key=lambda f: f["ts"])
+    starts = {k: [f["ts"] for f in fs] for k, fs in frames.items()}
+    total, calls = defaultdict(float), defaultdict(int)
+    for e in events:
+        name, dur = e.get("name", ""), float(e.get("dur", 0.0))
+        if e.get("ph") != "X" or e.get("cat") not in ("cuda_runtime", "cuda_driver"):
+            continue
+        if not ("Synchronize" in name or ("Memcpy" in name and dur >= min_us)):
+            continue
+        key = (e.get("pid"), e.get("tid"))
+        where = " < ".join(_enclosing(frames.get(key, []), starts.get(key, []), e, depth))
+        total[(name, where)] += dur
+        calls[(name, where)] += 1
+    keys = sorted(total, key=total.get, reverse=True)
+    return {"gpu_busy_us_per_round": busy / rounds,
+            "gpu_idle_us_per_round": (span - busy) / rounds,
+            "host_wait_us_per_round": sum(total.values()) / rounds,
+            "host_waits": [{"call": k[0], "where": k[1] or "?",
+                            "calls_per_round": calls[k] / rounds,
+                            "us_per_round": total[k] / rounds} for k in keys[:top]]}
