@@ -32,6 +32,24 @@ step kernels-tree-fa3draft-8b 400 python3 benchmarks/gpu_engines.py round-cost -
     --mode tree --num-spec-tokens 32 --no-prefill-graphs --shape qwen3-8b \
     --draft-attention-backend fa3 --kernel-trace /tmp/traces/tree-fa3draft \
     --out "$E/kernels-sglang-tree-fa3draft-8b.json"
+# 1a'. the sync-free tree-verify plan (DFLASH_TREE_HOST_PLAN=1, sglang_tree_plan.py; never run on a
+#     GPU before): first with every replay's layout and packed mask compared to flashinfer's own
+#     (CHECK=1 raises inside the server on a difference; timings void), then timed at the 8B
+#     shape (alone and with the fa3 drafter) and in the warmed harness at T = 0 (check its
+#     outputs with greedy_margins.py on CPU)
+step hostplan-check 600 env DFLASH_TREE_HOST_PLAN=1 DFLASH_TREE_HOST_PLAN_CHECK=1 \
+    python3 benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
+    --no-prefill-graphs --num-prompts 8 --max-tokens 64 --concurrency 1 4 --temperatures 0 \
+    --out "$E/sglang-tree32-hostplan-check.json"
+for d in flashinfer fa3; do
+  step kernels-tree-hostplan-$d-8b 400 env DFLASH_TREE_HOST_PLAN=1 python3 benchmarks/gpu_engines.py \
+      round-cost --engine sglang --mode tree --num-spec-tokens 32 --no-prefill-graphs \
+      --shape qwen3-8b --draft-attention-backend $d --kernel-trace /tmp/traces/tree-hostplan-$d \
+      --out "$E/kernels-sglang-tree-hostplan-$d-8b.json"
+done
+step engines-tree32-hostplan 600 env DFLASH_TREE_HOST_PLAN=1 python3 benchmarks/gpu_engines.py \
+    run --engine sglang --mode tree --num-spec-tokens 32 --no-prefill-graphs --temperatures 0 \
+    --draft-attention-backend fa3 --out "$E/sglang-tree32-hostplan.json"
 # 1b. the 8B-shape rounds of step 5 kernel by kernel (SGLang's torch profiler, 20 decode steps;
 #     ran 2026-12-03, BENCHMARKS.md): tree, DFLASH and plain at the 8B shape; tables in the
 #     JSONs, traces left in /tmp/traces

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 from functools import cache
 
 import torch
@@ -32,6 +33,7 @@ from .sglang_checks import sglang_version
 from .sglang_tree_algo import NAME, WORKER_VERSIONS, TreeArgs, check_tree_args
 from .sglang_tree_append import AppendStage, accepted_path, fused_workspaces
 from .sglang_tree_input import make_verify_input, with_mask
+from .sglang_tree_plan import PlanLayout, host_plan_enabled, install
 from .sglang_tree_profile import RoundProfile, profile_every
 from .sglang_tree_stage import TreeStage
 
@@ -190,6 +192,10 @@ def worker_class() -> type:
                 device, self._append_target_hidden_to_draft_kv_by_loc, graphs,
                 keep=lambda: fused_workspaces(self))
             self._warm_stages(server_args)
+            # DFLASH_TREE_HOST_PLAN=1: tree-verify replays plan without a host sync
+            self._verify_layout = (PlanLayout(self.plan.width, check=os.environ.get(
+                "DFLASH_TREE_HOST_PLAN_CHECK", "0") == "1") if host_plan_enabled() else None)
+            self._plan_installed = False
 
         def _warm_stages(self, server_args) -> None:
             """Capture the tree phase for every batch bucket up to the running-request limit
@@ -212,6 +218,18 @@ def worker_class() -> type:
             sizes = self.append_stage.warm_for(self, self.plan.depth + 1)
             if sizes:
                 logger.info("%s: drafter-KV append captured for batch buckets %s", NAME, sizes)
+
+        def _host_plan(self, seq_lens_cpu) -> None:
+            """The layout of the coming verify replay (`sglang_tree_plan`); the target's
+            graph wrappers get the sync-free plan at the first round (captured by then)."""
+            mr = self.target_worker.model_runner
+            if not self._plan_installed:
+                runner = mr.decode_cuda_graph_runner
+                self._verify_layout.fill = int(getattr(runner, "seq_len_fill_value", 1) or 1)
+                n = install(mr.attn_backend, self._verify_layout)
+                logger.info("%s: sync-free tree-verify plan on %d graph wrappers", NAME, n)
+                self._plan_installed = True
+            self._verify_layout.seq_lens_cpu = seq_lens_cpu
 
         def _tree_topk(self, hidden):  # [bs, D, h] -> top-K log-probs, ids [bs, D, K]
             return tree_topk(hidden, self.target_worker.model_runner.model.lm_head,
@@ -303,6 +321,8 @@ def worker_class() -> type:
             batch.spec_info = verify
             self.profile.mark(ev, 1)
             # 3) target verify + acceptance + target KV compaction (SGLang's EAGLE path)
+            if self._verify_layout is not None:
+                self._host_plan(batch.seq_lens_cpu)
             result = run_eagle_verify(
                 batch, target_worker=self.target_worker,
                 req_to_token_pool=self.model_runner.req_to_token_pool,
@@ -310,6 +330,8 @@ def worker_class() -> type:
                 plan_stream=None, plan_stream_ctx=contextlib.nullcontext(), topk=verify.topk,
                 num_steps=p.depth, num_draft_tokens=p.width, device=self.device,
                 metadata_ready_pre_pad=False, finalize_tree_path=True)
+            if self._verify_layout is not None:
+                self._verify_layout.seq_lens_cpu = None  # known for this replay only
             republish_read_done(self.target_worker.model_runner, self.device)
             self.profile.mark(ev, 2)
             commit = result.accept_lens.to(torch.int32)  # accepted drafts + bonus, [bs]
