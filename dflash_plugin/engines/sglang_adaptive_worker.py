@@ -40,8 +40,8 @@ from functools import cache
 
 import torch
 
-from ..adaptive import AdaptiveConfig, ServerPolicy, StepClock
-from .sglang_adaptive import FLAG, NAME, load_step_times
+from ..adaptive import ServerPolicy, StepClock
+from .sglang_adaptive import FLAG, NAME, PROBE_STEPS, SERVER_CONFIG, load_step_times
 from .sglang_buckets import graphs_enabled
 from .sglang_tree_append import AppendStage, fused_workspaces
 from .sglang_tree_worker import _check_version
@@ -185,8 +185,7 @@ def worker_class() -> type:
             self.max_q = w
             self._draft_mr = self.draft_model_runner  # the real one (q = 1 swaps in NoDraft)
             rows = load_step_times(getattr(server_args, FLAG, None), w)
-            self.policy = ServerPolicy(AdaptiveConfig(probe_overhead=0.03), rows, w,
-                                       probe_steps=2)
+            self.policy = ServerPolicy(SERVER_CONFIG, rows, w, probe_steps=PROBE_STEPS)
             self._states: dict[int, dict] = {}
             self._q = w
             self._issued = collections.deque(maxlen=256)  # (bs, q) not yet read back
