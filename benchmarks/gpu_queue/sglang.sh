@@ -41,15 +41,19 @@ step hostplan-check 600 env DFLASH_TREE_HOST_PLAN=1 DFLASH_TREE_HOST_PLAN_CHECK=
     python3 benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
     --no-prefill-graphs --num-prompts 8 --max-tokens 64 --concurrency 1 4 --temperatures 0 \
     --out "$E/sglang-tree32-hostplan-check.json"
-for d in flashinfer fa3; do
-  step kernels-tree-hostplan-$d-8b 400 env DFLASH_TREE_HOST_PLAN=1 python3 benchmarks/gpu_engines.py \
-      round-cost --engine sglang --mode tree --num-spec-tokens 32 --no-prefill-graphs \
-      --shape qwen3-8b --draft-attention-backend $d --kernel-trace /tmp/traces/tree-hostplan-$d \
-      --out "$E/kernels-sglang-tree-hostplan-$d-8b.json"
-done
-step engines-tree32-hostplan 600 env DFLASH_TREE_HOST_PLAN=1 python3 benchmarks/gpu_engines.py \
-    run --engine sglang --mode tree --num-spec-tokens 32 --no-prefill-graphs --temperatures 0 \
-    --draft-attention-backend fa3 --out "$E/sglang-tree32-hostplan.json"
+if grep -q "^hostplan-check rc=[1-9]" "$R/queue.log"; then
+  echo "host plan failed its check: its timed steps skipped" | tee -a "$R/queue.log"
+else
+  for d in flashinfer fa3; do
+    step kernels-tree-hostplan-$d-8b 400 env DFLASH_TREE_HOST_PLAN=1 python3 \
+        benchmarks/gpu_engines.py round-cost --engine sglang --mode tree --num-spec-tokens 32 \
+        --no-prefill-graphs --shape qwen3-8b --draft-attention-backend $d \
+        --kernel-trace /tmp/traces/tree-hostplan-$d --out "$E/kernels-sglang-tree-hostplan-$d-8b.json"
+  done
+  step engines-tree32-hostplan 600 env DFLASH_TREE_HOST_PLAN=1 python3 benchmarks/gpu_engines.py \
+      run --engine sglang --mode tree --num-spec-tokens 32 --no-prefill-graphs --temperatures 0 \
+      --draft-attention-backend fa3 --out "$E/sglang-tree32-hostplan.json"
+fi
 # 1b. the 8B-shape rounds of step 5 kernel by kernel (SGLang's torch profiler, 20 decode steps;
 #     ran 2026-12-03, BENCHMARKS.md): tree, DFLASH and plain at the 8B shape; tables in the
 #     JSONs, traces left in /tmp/traces
