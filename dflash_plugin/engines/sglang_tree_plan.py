@@ -103,26 +103,33 @@ def tree_verify_plan(wrapper, qo_indptr, paged_kv_indptr, paged_kv_indices,
     bit_ptr, byte_ptr = mask_indptrs(qo_indptr, paged_kv_indptr, paged_kv_last_page_len)
     n_bits = int((layout.width * kv_h.long()).sum())
     n_bytes = int(((layout.width * kv_h.long() + 7) // 8).sum())
+    # the reference first: SGLang's graph mask buffer (the bool mask) is the wrapper's packed
+    # buffer too (`cuda_graph_custom_mask`, `_create_prefill_wrappers`), packed over in place
+    want = reference_pack(custom_mask, bit_ptr) if layout.check else None
     packed = pack_mask_bits(custom_mask.reshape(-1), bit_ptr, byte_ptr, n_bits, n_bytes,
                             wrapper._custom_mask_buf)
     wrapper._mask_indptr_buf.copy_(byte_ptr.to(wrapper._mask_indptr_buf.dtype),
                                    non_blocking=True)
     if layout.check:
-        check_layout(paged_kv_indptr, kv_indptr_h, packed, custom_mask, bit_ptr)
+        check_layout(paged_kv_indptr, kv_indptr_h, packed, want)
     return None
 
 
-def check_layout(kv_indptr, kv_indptr_host, packed, custom_mask, bit_ptr) -> None:
-    """`DFLASH_TREE_HOST_PLAN_CHECK=1`: the host layout equals the device's and the packed mask
-    equals flashinfer's `segment_packbits` (host syncs; raises on a difference)."""
+def reference_pack(custom_mask, bit_ptr) -> torch.Tensor:
+    """flashinfer's own packing of the mask (`segment_packbits`, host sync)."""
     from flashinfer.quantization import segment_packbits
 
+    flat = custom_mask.reshape(-1)[: int(bit_ptr[-1])].bool()
+    return segment_packbits(flat, bit_ptr.to(torch.int32), bitorder="little")[0]
+
+
+def check_layout(kv_indptr, kv_indptr_host, packed, want) -> None:
+    """`DFLASH_TREE_HOST_PLAN_CHECK=1`: the host layout equals the device's and the packed mask
+    equals flashinfer's (host syncs; raises on a difference)."""
     dev = kv_indptr.cpu()
     if not torch.equal(dev, kv_indptr_host):
         raise RuntimeError(f"DFLASH_TREE host plan: kv_indptr {dev.tolist()} on the device, "
                            f"{kv_indptr_host.tolist()} from seq_lens_cpu")
-    want, _ = segment_packbits(custom_mask.reshape(-1)[: int(bit_ptr[-1])].bool(),
-                               bit_ptr.to(torch.int32), bitorder="little")
     if not torch.equal(want, packed):
         raise RuntimeError("DFLASH_TREE host plan: packed mask differs from segment_packbits")
 

@@ -11,6 +11,7 @@ import torch
 
 from dflash_plugin.engines.sglang_tree_plan import (
     PlanLayout,
+    check_layout,
     host_layout,
     mask_indptrs,
     pack_mask_bits,
@@ -92,3 +93,36 @@ def test_plan_routes_to_the_fast_plan_with_host_layout_and_packs_the_mask():
                          custom_mask=m, non_blocking=True)
         ((kind, a, kw),) = calls
         assert kind == "own" and a[0] is qo and kw["custom_mask"] is m
+
+
+def test_plan_packs_in_place_when_the_mask_is_the_wrappers_buffer():
+    """SGLang 0.5.16 hands the verify its graph mask buffer to fill (`cuda_graph_custom_mask`,
+    uint8 0 / 1) and gives the same tensor to the wrappers as their packed-mask buffer: the
+    packing must read the whole mask before it writes the first byte."""
+    seq, width, w = [30, 3], 5, 2
+    _, kv_indptr, kv = host_layout(seq, padded_bs=w, fill=1, width=width)
+    bits = int((width * kv).sum())
+    gen = torch.Generator().manual_seed(3)
+    buf = (torch.rand(bits + 40, generator=gen) < 0.5).to(torch.uint8)
+    original = buf.clone()
+    wrapper = Wrapper(w, 1)
+    wrapper._custom_mask_buf = buf  # one tensor: the bool mask in, the packed bytes out
+    qo = torch.arange(0, (w + 1) * width, width, dtype=torch.int32)
+    tree_verify_plan(wrapper, qo, kv_indptr, torch.zeros(int(kv.sum()), dtype=torch.int32),
+                     torch.ones(w, dtype=torch.int32), 4, 4, 8, 1,
+                     layout=PlanLayout(width, seq_lens_cpu=torch.tensor(seq)),
+                     fast_plan=lambda *a, **k: None, own_plan=None, custom_mask=buf)
+    first = width * (seq[0] + width)
+    want = (np.packbits(original[:first].numpy(), bitorder="little").tolist()
+            + np.packbits(original[first:bits].numpy(), bitorder="little").tolist())
+    assert buf[: len(want)].tolist() == want
+
+
+def test_check_layout_raises_on_a_layout_or_mask_difference():
+    kv_indptr = torch.tensor([0, 8, 12], dtype=torch.int32)
+    packed = torch.tensor([1, 2], dtype=torch.uint8)
+    check_layout(kv_indptr, kv_indptr.clone(), packed, packed.clone())  # equal: silent
+    with pytest.raises(RuntimeError, match=r"kv_indptr \[0, 8, 12\] on the device, \[0, 8, 13\]"):
+        check_layout(kv_indptr, torch.tensor([0, 8, 13], dtype=torch.int32), packed, packed)
+    with pytest.raises(RuntimeError, match="packed mask differs"):
+        check_layout(kv_indptr, kv_indptr, packed, torch.tensor([1, 3], dtype=torch.uint8))

@@ -414,3 +414,7 @@ def test_host_plan_matches_flashinfer_backend_calls_and_fast_prefill_plan():
     prep = ast.get_source_segment(src, fns["_prepare_cuda_graph_metadata"])
     assert "self.prefill_cuda_graph_metadata[bs] = prefill_wrappers" in prep
     assert "forward_mode.is_target_verify()" in prep
+    # the packed-mask buffer of the graph wrappers is the graph's mask buffer itself (the plan
+    # packs over it in place: tests/engines/test_sglang_tree_plan.py)
+    wrappers = ast.get_source_segment(src, fns["_create_prefill_wrappers"])
+    assert '"custom_mask_buf": self.cuda_graph_custom_mask,' in wrappers
