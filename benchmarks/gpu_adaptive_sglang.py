@@ -6,8 +6,9 @@ Per mode one `sglang.Engine` in its own process (`run --mode M` writes `M.json`;
 modes in turn, an engine that fails is recorded and the next still runs): the cells of
 `dflash tune` (`sglang_tune.measure_engine`: an untimed pass at every concurrency, then per
 concurrency max(--waves x c, --min-requests) requests of 128 tokens, timed (default
-max(2c, 64): windows of several seconds at low concurrency, which a 3 % goal needs; until
-2026-12-03 max(2c, 16), windows of 0.3-3.5 s); tau = tokens / SGLang's
+max(2c, 64), served again until the row has run --min-seconds, default 3: a 3 % goal needs
+windows of seconds; until 2026-12-03 max(2c, 16), windows of 0.3-3.5 s, then 0.4-2 s from 8
+requests on); tau = tokens / SGLang's
 `spec_verify_ct`), and the greedy outputs of the first 16 prompts (4 at a time) for token
 identity between modes. DFLASH_ADAPTIVE reads the step times of a `dflash tune --engine
 sglang` report (`--config`) and logs its steps per block length every 200 steps
@@ -109,7 +110,7 @@ def run_mode(args, mode: str) -> dict:
             return {"mode": mode, "start_s": started, "rows": rows, "config": str(args.config)}
         cells = measure_engine(engine, LABEL_K[mode], ids, args.concurrency,
                                max_new_tokens=args.max_new_tokens, waves=args.waves,
-                               min_requests=args.min_requests,
+                               min_requests=args.min_requests, min_seconds=args.min_seconds,
                                warmup_tokens=8, log=lambda m: print(m, flush=True))
         outs = closed_loop(engine, ids[:16], args.max_new_tokens, 4)
         trace = [trace_phase(engine, ids, c, n, args.max_new_tokens)
@@ -170,6 +171,8 @@ def main() -> None:
     ap.add_argument("--load-format", help=argparse.SUPPRESS)  # set for the children by --shape
     ap.add_argument("--requests-per-slot", type=int, default=16, help="profile: requests / c")
     ap.add_argument("--waves", type=int, default=2, help="rows: at least waves x c requests")
+    ap.add_argument("--min-seconds", type=float, default=3.0,
+                    help="rows: those requests again until the row has run this long")
     ap.add_argument("--min-requests", type=int, default=64, help="rows: at least this many")
     ap.add_argument("--trace", type=lambda s: [tuple(int(v) for v in p.split("x"))
                                                for p in s.split(",")],

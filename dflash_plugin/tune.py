@@ -50,13 +50,15 @@ def measure_cells(
     probe: Callable[[], Callable[[list[Finished]], dict]],  # () -> (done -> tau, survival)
     k: int, prompts: list[list[int]], concurrencies: list[int], *, max_new_tokens: int,
     waves: int = 2, min_requests: int = 1, warmup_tokens: int = 8, name: str = "engine",
-    log: Callable[[str], None] = print,
+    min_seconds: float = 0.0, log: Callable[[str], None] = print,
 ) -> list[Cell]:
     """The cells of one started engine (k: its drafted tokens per round, for the record): an
     untimed closed loop at every concurrency (every batch shape once), then per concurrency c
-    max(waves * c, min_requests) requests (prompts cycled) through `serve`, timed; `probe()`
-    is called before each timed cell and its result after it gives tau and the survival (the
-    engine's counters around the cell, or the requests' own counts)."""
+    max(waves * c, min_requests) requests (prompts cycled) through `serve`, timed, and again
+    until the cell has run `min_seconds` (a few-percent comparison needs windows of seconds,
+    not the fraction of a second a small model serves 64 requests in); `probe()` is called
+    before each timed cell and its result after it gives tau and the survival (the engine's
+    counters around the cell, or the requests' own counts)."""
     def batch(c: int) -> list[list[int]]:
         return [prompts[i % len(prompts)] for i in range(max(waves * c, min_requests))]
 
@@ -65,14 +67,15 @@ def measure_cells(
     cells = []
     for c in concurrencies:
         ids = batch(c)
-        end = probe()
-        t0 = time.perf_counter()
-        done = serve(ids, max_new_tokens, c)
-        wall = time.perf_counter() - t0
+        end, done, wall = probe(), [], 0.0
+        while not done or wall < min_seconds:
+            t0 = time.perf_counter()
+            done += serve(ids, max_new_tokens, c)
+            wall += time.perf_counter() - t0
         acc = end(done)
         ntok = sum(len(d.token_ids) for d in done)
         cell = Cell(k=k, concurrency=c, tokens_per_s=ntok / wall, tau=acc.get("tau"),
-                    survival=acc.get("survival") or [], wall_s=wall, requests=len(ids))
+                    survival=acc.get("survival") or [], wall_s=wall, requests=len(done))
         cells.append(cell)
         tau = "-" if cell.tau is None else f"{cell.tau:.2f}"
         log(f"{name} k={k} c={c}: {cell.tokens_per_s:.1f} tok/s, tau {tau}, {wall:.2f} s")

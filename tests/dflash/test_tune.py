@@ -211,3 +211,30 @@ def test_prompt_ids_takes_prompts_not_a_path():
     prompts = load_prompts_jsonl(path)[:3]
     ids = prompt_ids(str(fix / "code-target"), prompts, 100)
     assert len(ids) == 3 and all(1 < len(i) <= 100 for i in ids)
+
+
+def test_measure_cells_serves_again_until_min_seconds(monkeypatch):
+    """A cell's requests are served again until the cell has run min_seconds (a fake clock:
+    each serve takes 0.4 s); tokens, requests and the window add up; min_seconds 0: once."""
+    from dflash_plugin import tune
+
+    clock = [0.0]
+    monkeypatch.setattr(tune.time, "perf_counter", lambda: clock[0])
+    served = []
+
+    def serve(ids, new_tokens, c):
+        served.append((len(ids), new_tokens, c))
+        clock[0] += 0.4
+        return [tune.Finished(token_ids=[1] * new_tokens, latency_s=0.4) for _ in ids]
+
+    probe = lambda: (lambda done: {"tau": float(len(done))})  # noqa: E731
+    cells = tune.measure_cells(serve, probe, 15, [[1], [2]], [2], max_new_tokens=4, waves=2,
+                               warmup_tokens=1, min_seconds=1.0, log=lambda m: None)
+    (cell,) = cells
+    assert served == [(4, 1, 2)] + [(4, 4, 2)] * 3  # warm-up, then 3 x 0.4 s >= 1 s
+    assert cell.requests == 12 and cell.tau == 12.0
+    assert cell.wall_s == pytest.approx(1.2) and cell.tokens_per_s == pytest.approx(48 / 1.2)
+    served.clear()
+    (once,) = tune.measure_cells(serve, probe, 15, [[1]], [2], max_new_tokens=4,
+                                 warmup_tokens=1, log=lambda m: None)
+    assert served == [(4, 1, 2), (4, 4, 2)] and once.requests == 4
