@@ -343,8 +343,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         q.add_argument("--tuned", default=None, help="dflash tune report JSON (--mode tuned)")
         q.add_argument("--prompts", default=str(FIX / "dev-prompts.jsonl"))
         q.add_argument("--dtype", default="bfloat16")
-        q.add_argument("--num-spec-tokens", type=int, default=15,
-                       help="draft tokens per round (SGLang: verify window of this + 1)")
+        q.add_argument("--num-spec-tokens", type=int, default=15, help="draft tokens per round")
         q.add_argument("--max-model-len", type=int, default=4096)
         q.add_argument("--seed", type=int, default=0)
         q.add_argument("--enforce-eager", action="store_true",
@@ -366,9 +365,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--num-prompts", type=int, default=32)
     r.add_argument("--max-tokens", type=int, default=256)
     r.add_argument("--warmup-tokens", type=int, default=32)
-    r.add_argument("--waves", type=int, default=0,
-                   help="0: each prompt once per row; W: max(prompts, W x concurrency) requests "
-                   "per row, prompts cycled (keeps high concurrencies full)")
+    r.add_argument("--waves", type=int, default=0, help="0: each prompt once per row; W: "
+                   "max(prompts, W x concurrency) requests per row, prompts cycled")
     r.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     r.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     r.set_defaults(func=cmd_run)
@@ -383,9 +381,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     c.add_argument("--repeats", type=int, default=3)
     c.add_argument("--work-dir", default=None, help="where the config dirs go (default: temp)")
     c.add_argument("--draft-weights", choices=("random", "dummy"), default="random",
-                   help="random: write random drafter safetensors and load them; dummy: the "
-                   "engine's dummy loader for the drafter too (fails in vLLM, see "
-                   "bench/engine_rows)")
+                   help="random: random drafter safetensors, loaded; dummy: the engine's dummy "
+                   "loader for the drafter too (fails in vLLM: bench/engine_rows)")
     c.add_argument("--kernel-trace", type=Path, help="SGLang: traces here, GPU time per kernel")
     c.add_argument("--trace-steps", type=int, default=20)
     c.set_defaults(func=cmd_round_cost)

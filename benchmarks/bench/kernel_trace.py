@@ -8,6 +8,7 @@ and which Python code waited for the GPU), the traces (`*.trace.json.gz`) stay i
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import time
@@ -122,8 +123,6 @@ def _busy(intervals: list[tuple[float, float]]) -> float:
 def _enclosing(frames: list[dict], starts: list[float], e: dict, depth: int) -> list[str]:
     """The innermost `depth` frames (sorted by start) that contain event `e`, innermost first:
     scanning back from `e`'s start, the first containing frame is the innermost."""
-    import bisect
-
     out, end = [], e["ts"] + e.get("dur", 0.0)
     for i in range(bisect.bisect_right(starts, e["ts"]) - 1, -1, -1):
         f = frames[i]

@@ -26,10 +26,6 @@ from dataclasses import dataclass
 import torch
 
 
-def host_plan_enabled() -> bool:
-    return os.environ.get("DFLASH_TREE_HOST_PLAN", "0") == "1"
-
-
 def host_layout(seq_lens: list[int], padded_bs: int, fill: int, width: int):
     """(qo_indptr, kv_indptr, kv_lens) as host int32 tensors of a tree verify of `padded_bs`
     rows: row i has `width` query rows and seq_lens[i] + width keys; rows past len(seq_lens)
@@ -83,6 +79,14 @@ class PlanLayout:
     check: bool = False
 
 
+def layout_from_env(width: int) -> PlanLayout | None:
+    """The worker's layout when `DFLASH_TREE_HOST_PLAN=1` (checked with `..._CHECK=1`), else
+    None: flashinfer's own plan."""
+    if os.environ.get("DFLASH_TREE_HOST_PLAN", "0") != "1":
+        return None
+    return PlanLayout(width, check=os.environ.get("DFLASH_TREE_HOST_PLAN_CHECK", "0") == "1")
+
+
 def tree_verify_plan(wrapper, qo_indptr, paged_kv_indptr, paged_kv_indices,
                      paged_kv_last_page_len, num_qo_heads, num_kv_heads, head_dim_qk, page_size,
                      *args, layout: PlanLayout, fast_plan, own_plan, custom_mask=None, **kw):
@@ -101,8 +105,8 @@ def tree_verify_plan(wrapper, qo_indptr, paged_kv_indptr, paged_kv_indices,
               qo_indptr_host=qo_h, kv_indptr_host=kv_indptr_h, kv_lens_host=kv_h,
               max_q_len=layout.width, max_kv_len=int(kv_h.max()))
     bit_ptr, byte_ptr = mask_indptrs(qo_indptr, paged_kv_indptr, paged_kv_last_page_len)
-    n_bits = int((layout.width * kv_h.long()).sum())
-    n_bytes = int(((layout.width * kv_h.long() + 7) // 8).sum())
+    bits = layout.width * kv_h.long()  # [bs] mask bits per request (host)
+    n_bits, n_bytes = int(bits.sum()), int(((bits + 7) // 8).sum())
     # the reference first: SGLang's graph mask buffer (the bool mask) is the wrapper's packed
     # buffer too (`cuda_graph_custom_mask`, `_create_prefill_wrappers`), packed over in place
     want = reference_pack(custom_mask, bit_ptr) if layout.check else None

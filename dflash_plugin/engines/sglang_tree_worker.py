@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import os
 from functools import cache
 
 import torch
@@ -33,7 +32,7 @@ from .sglang_checks import sglang_version
 from .sglang_tree_algo import NAME, WORKER_VERSIONS, TreeArgs, check_tree_args
 from .sglang_tree_append import AppendStage, accepted_path, fused_workspaces
 from .sglang_tree_input import make_verify_input, with_mask
-from .sglang_tree_plan import PlanLayout, host_plan_enabled, install
+from .sglang_tree_plan import install, layout_from_env
 from .sglang_tree_profile import RoundProfile, profile_every
 from .sglang_tree_stage import TreeStage
 
@@ -193,8 +192,7 @@ def worker_class() -> type:
                 keep=lambda: fused_workspaces(self))
             self._warm_stages(server_args)
             # DFLASH_TREE_HOST_PLAN=1: tree-verify replays plan without a host sync
-            self._verify_layout = (PlanLayout(self.plan.width, check=os.environ.get(
-                "DFLASH_TREE_HOST_PLAN_CHECK", "0") == "1") if host_plan_enabled() else None)
+            self._verify_layout = layout_from_env(self.plan.width)
             self._plan_installed = False
 
         def _warm_stages(self, server_args) -> None:

@@ -13,6 +13,7 @@ from dflash_plugin.engines.sglang_tree_plan import (
     PlanLayout,
     check_layout,
     host_layout,
+    layout_from_env,
     mask_indptrs,
     pack_mask_bits,
     tree_verify_plan,
@@ -126,3 +127,12 @@ def test_check_layout_raises_on_a_layout_or_mask_difference():
         check_layout(kv_indptr, torch.tensor([0, 8, 13], dtype=torch.int32), packed, packed)
     with pytest.raises(RuntimeError, match="packed mask differs"):
         check_layout(kv_indptr, kv_indptr, packed, torch.tensor([1, 3], dtype=torch.uint8))
+
+
+def test_layout_from_env(monkeypatch):
+    monkeypatch.delenv("DFLASH_TREE_HOST_PLAN", raising=False)
+    assert layout_from_env(33) is None  # off by default: flashinfer's own plan
+    monkeypatch.setenv("DFLASH_TREE_HOST_PLAN", "1")
+    assert layout_from_env(33) == PlanLayout(33)
+    monkeypatch.setenv("DFLASH_TREE_HOST_PLAN_CHECK", "1")
+    assert layout_from_env(33) == PlanLayout(33, check=True)

@@ -385,36 +385,3 @@ def test_compaction_then_drafter_kv_args_pass_sglang(bs, g, k, n):
     with pytest.raises(Stop):  # every argument check of DFLASH's append passed
         DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc(me, **kw)
 
-
-@OLD_ONLY
-def test_host_plan_matches_flashinfer_backend_calls_and_fast_prefill_plan():
-    """`sglang_tree_plan` relies on 0.5.16's flashinfer backend: TARGET_VERIFY graph wrappers
-    in `prefill_cuda_graph_metadata[bs]`, `call_begin_forward` calling `begin_forward` with the
-    eight positional arguments `tree_verify_plan` names and the mask as `custom_mask=`, and
-    `fast_prefill_plan` taking those plus the host layout as keyword-only arguments. Read from
-    the source file (importing the backend needs flashinfer, absent on CPU)."""
-    import ast
-    import importlib.util
-    from pathlib import Path
-
-    from dflash_plugin.engines.sglang_tree_plan import tree_verify_plan
-
-    spec = importlib.util.find_spec("sglang.srt.layers.attention.flashinfer_backend")
-    src = Path(spec.origin).read_text()
-    fns = {n.name: n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef)}
-    fast = fns["fast_prefill_plan"].args
-    positional = [a.arg for a in fast.args]
-    ours = list(inspect.signature(tree_verify_plan).parameters)
-    assert positional[:9] == ["self", *ours[1:9]]  # self <-> our wrapper argument
-    assert [a.arg for a in fast.kwonlyargs] == ["qo_indptr_host", "kv_indptr_host",
-                                                "kv_lens_host", "max_q_len", "max_kv_len"]
-    call = ast.get_source_segment(src, fns["call_begin_forward"])
-    tail = call.split("wrapper_paged.begin_forward(")[-1]
-    assert "custom_mask=use_custom_mask," in tail and "self.head_dim,\n            1," in tail
-    prep = ast.get_source_segment(src, fns["_prepare_cuda_graph_metadata"])
-    assert "self.prefill_cuda_graph_metadata[bs] = prefill_wrappers" in prep
-    assert "forward_mode.is_target_verify()" in prep
-    # the packed-mask buffer of the graph wrappers is the graph's mask buffer itself (the plan
-    # packs over it in place: tests/engines/test_sglang_tree_plan.py)
-    wrappers = ast.get_source_segment(src, fns["_create_prefill_wrappers"])
-    assert '"custom_mask_buf": self.cuda_graph_custom_mask,' in wrappers
