@@ -52,8 +52,11 @@ else
   done
   step engines-tree32-hostplan 600 env DFLASH_TREE_HOST_PLAN=1 python3 benchmarks/gpu_engines.py \
       run --engine sglang --mode tree --num-spec-tokens 32 --no-prefill-graphs --temperatures 0 \
-      --draft-attention-backend fa3 --out "$E/sglang-tree32-hostplan.json"
+      --draft-attention-backend fa3 --concurrency 1 4 8 --out "$E/sglang-tree32-hostplan.json"
 fi
+# 1a''. DFLASH in the same harness and session as 1a' (its last row there is of 2026-12-01)
+step engines-dflash 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode dflash \
+    --no-prefill-graphs --temperatures 0 --concurrency 1 4 8 --out "$E/sglang-dflash.json"
 # 1b. the 8B-shape rounds of step 5 kernel by kernel (SGLang's torch profiler, 20 decode steps;
 #     ran 2026-12-03, BENCHMARKS.md): tree, DFLASH and plain at the 8B shape; tables in the
 #     JSONs, traces left in /tmp/traces
