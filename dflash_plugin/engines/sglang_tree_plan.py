@@ -1,7 +1,8 @@
-"""DFLASH_TREE's tree-verify attention plan without a host sync. Opt-in
-(`DFLASH_TREE_HOST_PLAN=1`, `DFLASH_TREE_HOST_PLAN_CHECK=1` to compare every replay's layout and
-packed mask with flashinfer's own, syncing); written against SGLang 0.5.16 + flashinfer 0.6.14,
-not yet run on a GPU.
+"""DFLASH_TREE's tree-verify attention plan without a host sync. On by default
+(`DFLASH_TREE_HOST_PLAN=0`: flashinfer's own plan; `DFLASH_TREE_HOST_PLAN_CHECK=1` compares every
+replay's layout and packed mask with flashinfer's own, syncing); written against SGLang 0.5.16 +
+flashinfer 0.6.14. Ran on the H200 (2026-12-04): the check passed at 1 and 4 requests, outputs
+lossless, a 32-node round at the Qwen3-8B shape 9.89 -> 9.23 ms (8.76 ms with the fa3 drafter).
 
 Before every replay of a TARGET_VERIFY CUDA graph, SGLang 0.5.16's flashinfer backend calls the
 graph's prefill wrapper's `begin_forward` (flashinfer's `BatchPrefillWithPagedKVCacheWrapper.plan`,
@@ -80,9 +81,9 @@ class PlanLayout:
 
 
 def layout_from_env(width: int) -> PlanLayout | None:
-    """The worker's layout when `DFLASH_TREE_HOST_PLAN=1` (checked with `..._CHECK=1`), else
-    None: flashinfer's own plan."""
-    if os.environ.get("DFLASH_TREE_HOST_PLAN", "0") != "1":
+    """The worker's layout (checked with `DFLASH_TREE_HOST_PLAN_CHECK=1`), or None (flashinfer's
+    own plan) with `DFLASH_TREE_HOST_PLAN=0`."""
+    if os.environ.get("DFLASH_TREE_HOST_PLAN", "1") == "0":
         return None
     return PlanLayout(width, check=os.environ.get("DFLASH_TREE_HOST_PLAN_CHECK", "0") == "1")
 

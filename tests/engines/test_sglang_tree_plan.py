@@ -131,7 +131,10 @@ def test_check_layout_raises_on_a_layout_or_mask_difference():
 
 def test_layout_from_env(monkeypatch):
     monkeypatch.delenv("DFLASH_TREE_HOST_PLAN", raising=False)
-    assert layout_from_env(33) is None  # off by default: flashinfer's own plan
+    monkeypatch.delenv("DFLASH_TREE_HOST_PLAN_CHECK", raising=False)
+    assert layout_from_env(33) == PlanLayout(33)  # on by default
+    monkeypatch.setenv("DFLASH_TREE_HOST_PLAN", "0")
+    assert layout_from_env(33) is None  # flashinfer's own plan
     monkeypatch.setenv("DFLASH_TREE_HOST_PLAN", "1")
     assert layout_from_env(33) == PlanLayout(33)
     monkeypatch.setenv("DFLASH_TREE_HOST_PLAN_CHECK", "1")
