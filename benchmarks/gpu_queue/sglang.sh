@@ -25,6 +25,27 @@ E=$R/gpu-engines
 step stage 120 python3 -m pytest -q -m gpu tests/engines/test_sglang_tree_stage.py \
     tests/engines/test_sglang_tree_append.py -p no:cacheprovider
 grep -q "^stage rc=[1-9]" "$R/queue.log" && { export DFLASH_TREE_GRAPHS=0; echo "tree graphs off" | tee -a "$R/queue.log"; }
+# 1-. DFLASH_TREE without the scheduler's per-round wait for host lengths (DFLASH_TREE_LATE_SEQ_LENS=1,
+#    sglang_tree_seqlens.py; never run on a GPU): checked first (each read compared with the
+#    device lengths; raises inside the server), then the 8B-shape round (2026-12-04 with the host
+#    plan and the fa3 drafter: 8.76 ms, 7.75 ms of kernels) and the harness rows beside DFLASH
+#    (check the T = 0 outputs with greedy_margins.py on CPU)
+step lateseq-check 600 env DFLASH_TREE_LATE_SEQ_LENS=1 DFLASH_TREE_LATE_SEQ_LENS_CHECK=1 \
+    python3 benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
+    --no-prefill-graphs --draft-attention-backend fa3 --num-prompts 8 --max-tokens 64 \
+    --concurrency 1 4 --temperatures 0 --out "$E/sglang-tree32-lateseq-check.json"
+if grep -q "^lateseq-check rc=[1-9]" "$R/queue.log"; then
+  echo "late seq lens failed their check: their timed steps skipped" | tee -a "$R/queue.log"
+else
+  step kernels-tree-lateseq-8b 400 env DFLASH_TREE_LATE_SEQ_LENS=1 python3 \
+      benchmarks/gpu_engines.py round-cost --engine sglang --mode tree --num-spec-tokens 32 \
+      --no-prefill-graphs --shape qwen3-8b --draft-attention-backend fa3 \
+      --kernel-trace /tmp/traces/tree-lateseq --out "$E/kernels-sglang-tree-lateseq-8b.json"
+  step engines-tree32-lateseq 600 env DFLASH_TREE_LATE_SEQ_LENS=1 python3 \
+      benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
+      --no-prefill-graphs --temperatures 0 --draft-attention-backend fa3 --concurrency 1 4 8 \
+      --out "$E/sglang-tree32-lateseq.json"
+fi
 # 1a. the tree round at the 8B shape with the drafter on fa3 (its TARGET_VERIFY replays then skip
 #     flashinfer's host-copying plan, per 0.5.16's source): 2026-12-03 the flashinfer-drafter
 #     round was 7.74 ms of kernels + 2.15 ms of idle GPU (DFLASH: 6.50 + 0.04); kernel table too
@@ -32,8 +53,8 @@ step kernels-tree-fa3draft-8b 400 python3 benchmarks/gpu_engines.py round-cost -
     --mode tree --num-spec-tokens 32 --no-prefill-graphs --shape qwen3-8b \
     --draft-attention-backend fa3 --kernel-trace /tmp/traces/tree-fa3draft \
     --out "$E/kernels-sglang-tree-fa3draft-8b.json"
-# 1a'. the sync-free tree-verify plan (DFLASH_TREE_HOST_PLAN=1, sglang_tree_plan.py; never run on a
-#     GPU before): first with every replay's layout and packed mask compared to flashinfer's own
+# 1a'. the sync-free tree-verify plan (sglang_tree_plan.py; on by default since 2026-12-04, when
+#     these steps ran: check passed, 8B round 9.23 / 8.76 ms with the flashinfer / fa3 drafter): first with every replay's layout and packed mask compared to flashinfer's own
 #     (CHECK=1 raises inside the server on a difference; timings void), then timed at the 8B
 #     shape (alone and with the fa3 drafter) and in the warmed harness at T = 0 (check its
 #     outputs with greedy_margins.py on CPU)

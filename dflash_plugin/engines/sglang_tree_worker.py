@@ -33,6 +33,12 @@ from .sglang_tree_algo import NAME, WORKER_VERSIONS, TreeArgs, check_tree_args
 from .sglang_tree_append import AppendStage, accepted_path, fused_workspaces
 from .sglang_tree_input import make_verify_input, with_mask
 from .sglang_tree_plan import install, layout_from_env
+from .sglang_tree_seqlens import (
+    SeqLensMirror,
+    give_host_lens,
+    late_seq_lens_from_env,
+    wrap_publish,
+)
 from .sglang_tree_profile import RoundProfile, profile_every
 from .sglang_tree_stage import TreeStage
 
@@ -191,9 +197,32 @@ def worker_class() -> type:
                 device, self._append_target_hidden_to_draft_kv_by_loc, graphs,
                 keep=lambda: fused_workspaces(self))
             self._warm_stages(server_args)
-            # DFLASH_TREE_HOST_PLAN=1: tree-verify replays plan without a host sync
+            # tree-verify replays plan without a host sync (DFLASH_TREE_HOST_PLAN=0: flashinfer's)
             self._verify_layout = layout_from_env(self.plan.width)
             self._plan_installed = False
+            # DFLASH_TREE_LATE_SEQ_LENS=1: no scheduler sync for seq_lens_cpu; our own host
+            # mirror, read after the drafter and tree phase are queued (sglang_tree_seqlens)
+            self._late_seq_lens, self._late_check = late_seq_lens_from_env()
+            self._mirror = None
+
+        @property
+        def spec_v2_attn_backends(self) -> tuple:
+            """Asked by the scheduler whether to sync for `seq_lens_cpu`: with late seq lens
+            the drafter's backend only (the verify gets them from our mirror)."""
+            if getattr(self, "_late_seq_lens", False):
+                return (self.draft_model_runner.attn_backend,)
+            return super().spec_v2_attn_backends
+
+        def _seq_lens_mirror(self) -> SeqLensMirror:
+            if self._mirror is None:  # the request pool exists once the worker is built
+                slots = int(self.model_runner.req_to_token_pool.req_to_token.shape[0])
+                self._mirror = SeqLensMirror(slots, torch.device(self.device))
+            return self._mirror
+
+        def _publish(self, batch, on_publish):
+            if not self._late_seq_lens:
+                return on_publish
+            return wrap_publish(on_publish, self._seq_lens_mirror(), batch.req_pool_indices)
 
         def _warm_stages(self, server_args) -> None:
             """Capture the tree phase for every batch bucket up to the running-request limit
@@ -292,7 +321,8 @@ def worker_class() -> type:
         def forward_batch_generation(self, batch, on_publish=None):
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch or \
                     batch.forward_mode.is_idle():
-                return super().forward_batch_generation(batch, on_publish=on_publish)
+                return super().forward_batch_generation(
+                    batch, on_publish=self._publish(batch, on_publish))
             if getattr(batch, "return_logprob", False):
                 raise ValueError(f"{NAME} does not support return_logprob yet")
             draft_input = batch.spec_info
@@ -304,6 +334,9 @@ def worker_class() -> type:
             self.profile.mark(ev, 0)
             parts = self.tree_stage.run(hidden, draft_input.bonus_tokens, batch.seq_lens)
             # 2) SGLang's tree-verify input, into the target backend's graph buffers if any
+            late = self._late_seq_lens and batch.seq_lens_cpu is None
+            if late:  # waits for the previous round's copy only: drafter and tree are queued
+                give_host_lens(batch, self._seq_lens_mirror(), self._late_check)
             mask_buf, pos_buf = self.target_worker.model_runner.attn_backend \
                 .get_verify_buffers_to_fill_after_draft()
             seq_bound = self._verify_seq_bound(batch, draft_input)
@@ -330,10 +363,13 @@ def worker_class() -> type:
                 metadata_ready_pre_pad=False, finalize_tree_path=True)
             if self._verify_layout is not None:
                 self._verify_layout.seq_lens_cpu = None  # known for this replay only
+            if late:  # as the scheduler left them (it takes the GPU-only path)
+                batch.seq_lens_cpu = batch.seq_lens_sum = None
             republish_read_done(self.target_worker.model_runner, self.device)
             self.profile.mark(ev, 2)
             commit = result.accept_lens.to(torch.int32)  # accepted drafts + bonus, [bs]
             new_seq_lens = prefix + commit.to(prefix.dtype)
+            on_publish = self._publish(batch, on_publish)
             if on_publish is not None:
                 on_publish(new_seq_lens)
             # 4) drafter KV of the accepted path (now at the front of each request's block);
