@@ -54,7 +54,8 @@ step kernels-tree-fa3draft-8b 400 python3 benchmarks/gpu_engines.py round-cost -
     --draft-attention-backend fa3 --kernel-trace /tmp/traces/tree-fa3draft \
     --out "$E/kernels-sglang-tree-fa3draft-8b.json"
 # 1a'. the sync-free tree-verify plan (sglang_tree_plan.py; on by default since 2026-12-04, when
-#     these steps ran: check passed, 8B round 9.23 / 8.76 ms with the flashinfer / fa3 drafter): first with every replay's layout and packed mask compared to flashinfer's own
+#     these steps ran: check passed, 8B round 9.23 / 8.76 ms with the flashinfer / fa3 drafter):
+#     first with every replay's layout and packed mask compared to flashinfer's own
 #     (CHECK=1 raises inside the server on a difference; timings void), then timed at the 8B
 #     shape (alone and with the fa3 drafter) and in the warmed harness at T = 0 (check its
 #     outputs with greedy_margins.py on CPU)

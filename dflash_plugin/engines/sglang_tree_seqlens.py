@@ -12,7 +12,7 @@ launches the drafter: a 32-node round is 8.76 ms against 7.75 ms of kernels). On
 verify needs the lengths on the host (the fa3 drafter does not: DFLASH on fa3 runs without
 them). So the worker leaves the target backend out of `spec_v2_attn_backends`, keeps its own
 host mirror of every request's committed length (`SeqLensMirror`: device lengths by req-pool
-slot, copied to pinned host memory after each publish, one event per copy) and reads it after
+slot, copied to pinned host memory after each publish, an event recorded after each copy) and reads it after
 the drafter and the tree phase are queued, when the previous verify has long finished.
 """
 
@@ -31,9 +31,9 @@ class SeqLensMirror:
         device = torch.device(device)
         self.device = device
         self.dev = torch.zeros(slots, dtype=torch.int64, device=device)  # [slots]
-        pin = device.type == "cuda"
-        self.host = torch.zeros(slots, dtype=torch.int64, pin_memory=pin)  # [slots]
-        self.event = None
+        cuda = device.type == "cuda"
+        self.host = torch.zeros(slots, dtype=torch.int64, pin_memory=cuda)  # [slots]
+        self.event = torch.cuda.Event() if cuda else None  # re-recorded after each copy
 
     def publish(self, req_pool_indices: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
         """After a forward that committed `new_seq_lens` `[bs]` for the requests in slots
@@ -41,19 +41,16 @@ class SeqLensMirror:
         if req_pool_indices.numel() == 0:
             return
         self.dev[req_pool_indices.long()] = new_seq_lens.to(torch.int64)
-        if self.device.type == "cuda":
-            self.host.copy_(self.dev, non_blocking=True)
-            self.event = torch.cuda.Event()
+        self.host.copy_(self.dev, non_blocking=self.event is not None)
+        if self.event is not None:
             self.event.record()
-        else:
-            self.host.copy_(self.dev)
 
     def read(self, req_pool_indices_cpu: torch.Tensor) -> torch.Tensor:
         """Host lengths `[bs]` (int64) of the slots `req_pool_indices_cpu` (host), as of the
         last publish."""
         if self.event is not None:
-            self.event.synchronize()
-        return self.host[req_pool_indices_cpu.long()].clone()
+            self.event.synchronize()  # returns at once before the first record
+        return self.host[req_pool_indices_cpu.long()]  # indexing copies
 
 
 def late_seq_lens_from_env() -> tuple[bool, bool]:
