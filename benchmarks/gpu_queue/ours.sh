@@ -5,12 +5,7 @@
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-t0=$(date +%s)
-step() {
-  local name=$1 limit=$2; shift 2
-  timeout "$limit" "$@" > "$R/$name.log" 2>&1
-  echo "$name rc=$? at $(( $(date +%s) - t0 )) s" | tee -a "$R/queue.log"
-}
+source "$(dirname "$0")/step.sh"
 S=benchmarks/gpu_speedup.py
 # adaptive speculation, reads every 16 rounds (the library's default; the 2026-12-01 rows: 8)
 step adaptive 330 python3 $S --out "$R/adaptive" --compile --rows adaptive --batches 1 8 32 64

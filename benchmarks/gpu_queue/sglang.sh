@@ -11,13 +11,7 @@ R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 unset SGLANG_PLUGINS  # every plugin of ours loads (dflash_plugin alone left Spiffy unregistered)
-t0=$(date +%s)
-step() {  # step NAME LIMIT_S CMD...: one line per step in $R/queue.log, its output in NAME.log
-  local name=$1 limit=$2; shift 2
-  case " ${STEPS:-$name} " in *" $name "*) ;; *) return 0;; esac  # STEPS="a b": only those
-  timeout "$limit" "$@" > "$R/$name.log" 2>&1
-  echo "$name rc=$? at $(( $(date +%s) - t0 )) s" | tee -a "$R/queue.log"
-}
+source "$(dirname "$0")/step.sh"
 T=benchmarks/gpu_tree_sglang.py
 E=$R/gpu-engines
 # 1. the tree phase's CUDA graphs (one per batch bucket, `warm`) equal the eager phase (no engine;
