@@ -67,10 +67,23 @@ def test_dllm_tp_reaches_sglang_kwargs(scripts):
 def test_engine_env_sets_nvls_off_unless_set(scripts, monkeypatch):
     from bench.engine_rows import engine_env
 
-    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
-    assert engine_env() == {"NCCL_NVLS_ENABLE": "0"}
+    from bench.engine_rows import MULTICAST_OFF
+
+    for k in MULTICAST_OFF:
+        monkeypatch.delenv(k, raising=False)
+    assert engine_env() == MULTICAST_OFF
+    assert engine_env()["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "trtllm"
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
-    assert engine_env() == {"NCCL_NVLS_ENABLE": "1"}
+    assert engine_env() == {**MULTICAST_OFF, "NCCL_NVLS_ENABLE": "1"}
+
+
+def test_vllm_tp2_runs_without_the_allreduce_rms_fusion(scripts):
+    from bench.engine_rows import EngineSpec, vllm_kwargs
+
+    one = vllm_kwargs(EngineSpec(engine="vllm", target="t", draft=None, tp=1))
+    two = vllm_kwargs(EngineSpec(engine="vllm", target="t", draft=None, tp=2))
+    assert "compilation_config" not in one
+    assert two["compilation_config"] == {"pass_config": {"fuse_allreduce_rms": False}}
 
 
 def _run(tp: int, outputs: dict[int, list[list[int]]], **kw) -> dict:

@@ -18,9 +18,10 @@ Time to first token: vLLM `RequestOutput.metrics.first_token_latency` (s, from a
 0.5.16 puts no first-token time into a non-streamed result's meta_info, so it is None there.
 
 Tensor parallelism: `EngineSpec.tp` is vLLM's `tensor_parallel_size` (the DFlash drafter is
-sharded like the target) and SGLang's `tp_size`; `start_engine` sets NCCL_NVLS_ENABLE=0 (NVLink
-multicast off, as the 2-GPU machines need) unless the environment already sets it, before the
-engine's worker processes start, so that they inherit it.
+sharded like the target) and SGLang's `tp_size`; `start_engine` turns NVLink multicast off
+(MULTICAST_OFF: NCCL, PyTorch, NVSHMEM, vLLM's all-reduces; the 2-GPU machines need that) unless
+the environment already sets those variables, before the engine's worker processes start, so
+that they inherit it; vLLM at TP > 1 also runs without its allreduce+RMSNorm fusion.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def vllm_kwargs(spec: EngineSpec) -> dict:
               enforce_eager=spec.enforce_eager, disable_log_stats=False,
               max_num_seqs=spec.max_seqs, enable_prefix_caching=spec.prefix_caching,
               tensor_parallel_size=spec.tp)
+    if spec.tp > 1:  # no allreduce+RMSNorm fusion: its flashinfer all-reduce (MULTICAST_OFF)
+        kw["compilation_config"] = {"pass_config": {"fuse_allreduce_rms": False}}
     if spec.gpu_memory_utilization is not None:
         kw["gpu_memory_utilization"] = spec.gpu_memory_utilization
     if spec.load_format:
@@ -226,11 +229,21 @@ class SGLangRunner:
         self.engine.shutdown()
 
 
+# NVLink multicast off everywhere an engine could reach it (the 2-GPU machines need that): NCCL,
+# PyTorch's symmetric memory, NVSHMEM, vLLM's symmetric-memory all-reduce, and the all-reduce of
+# vLLM's allreduce+RMSNorm fusion (on Hopper at TP > 1 vLLM 0.26 picks flashinfer's "mnnvl"
+# backend, which allocates multicast memory; "trtllm" uses CUDA IPC buffers)
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                 "NVSHMEM_DISABLE_NVLS": "1", "VLLM_ALLREDUCE_USE_SYMM_MEM": "0",
+                 "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"}
+
+
 def engine_env() -> dict[str, str]:
-    """The environment the engines' processes inherit: NCCL_NVLS_ENABLE=0 (NVLink multicast
-    off) unless already set. Returns the variables it is about, as the run records them."""
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    return {"NCCL_NVLS_ENABLE": os.environ["NCCL_NVLS_ENABLE"]}
+    """The environment the engines' processes inherit: MULTICAST_OFF, each variable unless
+    already set. Returns those variables as the run records them."""
+    for k, v in MULTICAST_OFF.items():
+        os.environ.setdefault(k, v)
+    return {k: os.environ[k] for k in MULTICAST_OFF}
 
 
 def start_engine(spec: EngineSpec):

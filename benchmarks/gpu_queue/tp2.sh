@@ -19,34 +19,37 @@ source "$(dirname "$0")/step.sh"
 E=$R/gpu-engines-tp2 D=$R/gpu-dllm-tp2 W=/tmp/gpu-dllm; mkdir -p "$E" "$D"
 ROWS=(--num-prompts 16 --max-tokens 128 --warmup-tokens 16 --concurrency 1 16 --temperatures 0
       --no-prefill-graphs)
-sg() { env PYTHONPATH="$SGL_SITE" "$@"; }
-vl() { [ -z "${VLLM_READY:-}" ] || while [ ! -f "$VLLM_READY" ]; do sleep 2; done
-       env PYTHONPATH="$VLLM_SITE" "$@"; }
+SG=(env PYTHONPATH="$SGL_SITE") VL=(env PYTHONPATH="$VLLM_SITE")  # `timeout` runs no functions
 eng() {  # eng ENGINE MODE TP [ARGS...]: one gpu_engines.py run
   local e=$1 m=$2 tp=$3; shift 3
-  local run=sg; [ "$e" = vllm ] && run=vl
-  step "$e-$m-tp$tp" 480 $run python3 benchmarks/gpu_engines.py run --engine "$e" --mode "$m" \
+  local run=("${SG[@]}")
+  if [ "$e" = vllm ]; then
+    run=("${VL[@]}")  # waits up to 5 min for the install
+    for _ in $(seq 150); do { [ -z "${VLLM_READY:-}" ] || [ -f "$VLLM_READY" ]; } && break; sleep 2; done
+  fi
+  step "$e-$m-tp$tp" 480 "${run[@]}" python3 benchmarks/gpu_engines.py run --engine "$e" --mode "$m" \
       --tp "$tp" "${ROWS[@]}" "$@" --out "$E/$e-$m-tp$tp.json"
 }
 TREE=(--num-spec-tokens 32 --draft-attention-backend fa3)
 dl() {  # dl ALGORITHM LABEL TP [ARGS...]: one gpu_dllm.py run
   local a=$1 l=$2 tp=$3; shift 3
-  step "dllm-$l-tp$tp" 300 sg python3 benchmarks/gpu_dllm.py run --work "$W" --tp "$tp" \
+  step "dllm-$l-tp$tp" 300 "${SG[@]}" python3 benchmarks/gpu_dllm.py run --work "$W" --tp "$tp" \
       --algorithm "$a" "$@" --out "$D/$l-tp$tp.json"
 }
-# TP = 2, one run at a time over both GPUs
+# TP = 2, one run at a time over both GPUs (SGLang first: the vLLM install may still run)
 eng sglang dflash 2
 eng sglang plain 2
+eng sglang tree 2 "${TREE[@]}"
 eng vllm dflash 2
 eng vllm plain 2
-eng sglang tree 2 "${TREE[@]}"
-step dllm-prepare 120 sg python3 benchmarks/gpu_dllm.py prepare --work "$W"
+step dllm-prepare 120 "${SG[@]}" python3 benchmarks/gpu_dllm.py prepare --work "$W"
 dl Spiffy spiffy 2
-dl LowConfidence lowconf 2
 dl SpecFold specfold-e 2 --eager
+dl LowConfidence lowconf 2
 # TP = 1, the same runs in two lanes, one GPU each
 ( export CUDA_VISIBLE_DEVICES=0
-  eng sglang dflash 1; eng sglang plain 1; eng sglang tree 1 "${TREE[@]}"; dl LowConfidence lowconf 1
+  eng sglang tree 1 "${TREE[@]}"; eng sglang dflash 1; eng sglang plain 1
+  dl LowConfidence lowconf 1
 ) &
 ( export CUDA_VISIBLE_DEVICES=1
   eng vllm dflash 1; eng vllm plain 1; dl Spiffy spiffy 1; dl SpecFold specfold-e 1 --eager

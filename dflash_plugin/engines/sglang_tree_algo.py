@@ -104,7 +104,6 @@ def validate_server_args(server_args) -> None:
     check_draft_for_sglang(draft, target, num_draft_tokens=plan.block_size)
     for flag, ok, allowed in [
         ("pp_size", sa.pp_size == 1, "1"),
-        ("tp_size", sa.tp_size == 1, "1 (top-K over an unsharded LM head, for now)"),
         ("enable_dp_attention", not getattr(sa, "enable_dp_attention", False), "off"),
         ("speculative_draft_window_size", getattr(sa, "speculative_draft_window_size", None)
          is None, "unset (no compact drafter cache for trees yet)"),

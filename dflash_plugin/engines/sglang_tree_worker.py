@@ -41,6 +41,7 @@ from .sglang_tree_seqlens import (
 )
 from .sglang_tree_profile import RoundProfile, profile_every
 from .sglang_tree_stage import TreeStage
+from .sglang_tree_tp import replicated_head
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def draft_server_args(server_args, block_size: int):
 
 def tree_topk(hidden: torch.Tensor, lm_head, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-`k` log-probs and token ids `[bs, D, k]` of the target LM head over the drafter's
-    hidden states `[bs, D, hidden]` (tp_size 1: validated at launch). Only the head's real
+    hidden states `[bs, D, hidden]` (under TP the whole head: `sglang_tree_tp`). Only the head's real
     vocab rows count: SGLang's `ParallelLMHead.weight` is padded to a multiple of 64 rows
     (`padding_size`, `vocab_parallel_embedding.py`), and a padded row must never be drafted;
     `shard_indices.num_org_elements` / `org_vocab_start_index` give the real rows, as in DFLASH's
@@ -191,6 +192,9 @@ def worker_class() -> type:
             # the tree phase and the drafter-KV append: one CUDA graph per batch bucket each
             # (DFLASH_TREE_GRAPHS=0: eager)
             device, graphs = torch.device(self.device), graphs_enabled()
+            # the whole LM head on every TP rank: the same tree everywhere (sglang_tree_tp)
+            mr = self.target_worker.model_runner
+            self._head = replicated_head(mr.model.lm_head, getattr(mr, "tp_group", None))
             self.tree_stage = TreeStage(device, self._tree_topk, self.plan.budget,
                                         self.plan.depth, graphs)
             self.append_stage = AppendStage(
@@ -230,7 +234,7 @@ def worker_class() -> type:
             limit = bucket_limit(server_args)
             if not limit:
                 return  # no bound known: buckets are captured on first use
-            head = self.target_worker.model_runner.model.lm_head.weight
+            head = self._head.weight
             sizes = self.tree_stage.warm(limit, int(head.shape[1]), head.dtype)
             if sizes:
                 logger.info("%s: tree phase captured for batch buckets %s", NAME, sizes)
@@ -259,8 +263,7 @@ def worker_class() -> type:
             self._verify_layout.seq_lens_cpu = seq_lens_cpu
 
         def _tree_topk(self, hidden):  # [bs, D, h] -> top-K log-probs, ids [bs, D, K]
-            return tree_topk(hidden, self.target_worker.model_runner.model.lm_head,
-                             self.plan.topk)
+            return tree_topk(hidden, self._head, self.plan.topk)
 
         def _maybe_build_draft_sampler(self):
             return None  # the tree needs top-K log-probs, not the in-graph argmax

@@ -3,9 +3,9 @@
 (legacy plugin), one subprocess each.
 
 Server args are SGLang's own `prepare_server_args` from command-line strings with `--tp-size 2`:
-Spiffy / SpecFold resolve and validate as with TP = 1; DFLASH_TREE refuses TP > 1 on purpose, with
-a `ConfigError` naming `tp_size`. Per-rank pieces: under TP every rank's scheduler builds its own
-algorithm from the same server args and drives its own model runner, whose `ReqToTokenPool` and
+Spiffy / SpecFold resolve and validate as with TP = 1, and so does DFLASH_TREE, whose ranks read
+the whole LM head reassembled from SGLang's own shards. Per-rank pieces: under TP every rank's
+scheduler builds its own algorithm from the same server args and drives its own model runner, whose `ReqToTokenPool` and
 KV allocator hold that rank's rows and slots. Two "ranks" (two algorithm instances, two mock
 runners of `checks_identity.py` over real SGLang pools) must take the same decisions (equal
 forwards and batch shapes: the sequences of one forward are a collective's shape), allocate only
@@ -96,20 +96,48 @@ def test_tp2_bad_config_still_fails_with_a_clear_message(sdar_dir, graph_path, t
             get_algorithm_cls(algorithm).configure_server_args(sa)
 
 
-def test_dflash_tree_refuses_tp2_with_a_clear_config_error():
-    """On purpose (top-K over an unsharded LM head): `tp_size` named, before the device and
-    version checks, through SGLang's own argument resolution."""
+def test_dflash_tree_accepts_tp2():
+    """DFLASH_TREE resolves under `--tp-size 2` through SGLang's own argument resolution (every
+    rank reads the whole LM head: sglang_tree_tp); what is still refused here is the CPU device
+    (0.5.16) or the SGLang version of the worker (0.5.23), never `tp_size`."""
     from sglang.srt.server_args import prepare_server_args
 
     from dflash_plugin.engines.sglang import register
 
     register()
-    with pytest.raises(DFlashConfigError, match=r"tp_size: DFLASH_TREE needs 1 \(top-K over "
-                                                r"an unsharded LM head, for now\), got 2"):
+    with pytest.raises(DFlashConfigError, match=r"^(device|sglang): ") as err:
         _resolved(prepare_server_args([
             "--model-path", str(FIX / "code-target"), "--speculative-algorithm", "DFLASH_TREE",
             "--speculative-draft-model-path", str(FIX / "code-target-dflash-b16"),
             "--speculative-num-draft-tokens", "17", "--device", "cpu", "--tp-size", "2"]))
+    assert "tp_size" not in str(err.value)
+
+
+@pytest.mark.parametrize("vocab,tp", [(100, 2), (1000, 4), (151_936, 2)])
+def test_dflash_tree_reassembles_sglang_lm_head_shards(vocab, tp):
+    """SGLang's own `ParallelLMHead` built as each of `tp` ranks (padded shards, real rows first)
+    gives back, through `replicated_head`, the unsharded head on every rank. The group is
+    `FakeTPGroup` (test_sglang_tree_tp.py), as no multi-rank NCCL group runs on CPU."""
+    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+    from sglang.srt.runtime_context import get_parallel
+
+    from dflash_plugin.engines.sglang_tree_tp import replicated_head
+    from tests.engines.test_sglang_tree_tp import FakeTPGroup
+
+    full = torch.randn(vocab, 8, generator=torch.Generator().manual_seed(vocab))
+    heads = []
+    for rank in range(tp):
+        with get_parallel().override(tp_rank=rank, tp_size=tp):
+            head = ParallelLMHead(vocab, 8, params_dtype=torch.float32)
+        shard = head.shard_indices
+        start, count = int(shard.org_vocab_start_index), int(shard.num_org_elements)
+        with torch.no_grad():
+            head.weight.fill_(50.0)  # padding rows: must never reach the whole head
+            head.weight[:count] = full[start:start + count]
+        heads.append(head)
+    for rank in range(tp):
+        got = replicated_head(heads[rank], FakeTPGroup(heads))
+        assert torch.equal(got.weight, full)
 
 
 # --- per-rank state ---------------------------------------------------------------------------
