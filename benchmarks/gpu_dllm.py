@@ -28,8 +28,8 @@ decoding of the same blocks takes S + 1 forwards per block. The engine runs at l
 (sgl.Engine's default, "error", drops those lines); its log goes to --log.
 
 Tensor parallelism (issue 22, an `nvidia-h200-x2` machine): `run --tp 2` starts the engine with
-SGLang's tp_size = 2 (and NCCL_NVLS_ENABLE=0, NVLink multicast off, unless the environment sets
-it; the doc's "env" records it). Every rank's scheduler runs the algorithm and logs its blocks
+SGLang's tp_size = 2 (and NVLink multicast off, bench/engine_rows.py MULTICAST_OFF, unless the
+environment sets it; the doc's "env" records it). Every rank's scheduler runs the algorithm and logs its blocks
 (lines tagged "TP0", "TP1"): forwards count the lowest rank's lines, "block_lines_per_rank" the
 lines of each. `report` keeps TP 1 and TP 2 apart (LowConfidence of the same TP is the
 reference) and adds each TP 2 run's identity against the TP 1 run of the same algorithm and
