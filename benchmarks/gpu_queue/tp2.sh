@@ -5,6 +5,12 @@
 # Needs both engines' GPU builds in their own folders, this project installed into each:
 #   SGL_SITE=/tmp/S/gpu/site VLLM_SITE=/tmp/V/gpu/site R=/tmp/res bash benchmarks/gpu_queue/tp2.sh
 # (VLLM_READY, if set, is a file the vLLM steps wait for: the vLLM install may still be running.)
+# Ran 2026-12-04: every engine row (`eng`), TP 2 and TP 1 (BENCHMARKS.md). Still owed, for the
+# next x2 machine: STEPS="dllm-prepare dllm-spiffy-tp2 dllm-specfold-e-tp2 dllm-lowconf-tp2
+#   round-sglang-tree-tp2 round-sglang-dflash-tp2 round-sglang-plain-tp2 round-vllm-dflash-tp2
+#   round-vllm-plain-tp2 dllm-lowconf-tp1 dllm-spiffy-tp1 dllm-specfold-e-tp1
+#   round-sglang-tree-tp1 round-sglang-dflash-tp1 round-sglang-plain-tp1 round-vllm-dflash-tp1
+#   round-vllm-plain-tp1" (the dLLM runs read benchmarks/results/gpu-dllm/graph-vanilla1-d8.json)
 # Afterwards, on any machine: gpu_engines.py compare / report and gpu_dllm.py compare / report
 # (their docstrings), and greedy_margins.py for any T = 0 output that differs.
 set -u
@@ -36,6 +42,13 @@ dl() {  # dl ALGORITHM LABEL TP [ARGS...]: one gpu_dllm.py run
   step "dllm-$l-tp$tp" 300 "${SG[@]}" python3 benchmarks/gpu_dllm.py run --work "$W" --tp "$tp" \
       --algorithm "$a" "$@" --out "$D/$l-tp$tp.json"
 }
+rc() {  # rc ENGINE MODE TP [ARGS...]: one gpu_engines.py round-cost at the Qwen3-8B shape
+  local e=$1 m=$2 tp=$3; shift 3
+  local run=("${SG[@]}"); [ "$e" = vllm ] && run=("${VL[@]}")
+  step "round-$e-$m-tp$tp" 420 "${run[@]}" python3 benchmarks/gpu_engines.py round-cost \
+      --engine "$e" --mode "$m" --tp "$tp" --shape qwen3-8b --no-prefill-graphs "$@" \
+      --out "$E/round-$e-$m-tp$tp.json"
+}
 # TP = 2, one run at a time over both GPUs (SGLang first: the vLLM install may still run)
 eng sglang dflash 2
 eng sglang plain 2
@@ -46,13 +59,17 @@ step dllm-prepare 120 "${SG[@]}" python3 benchmarks/gpu_dllm.py prepare --work "
 dl Spiffy spiffy 2
 dl SpecFold specfold-e 2 --eager
 dl LowConfidence lowconf 2
+rc sglang tree 2 "${TREE[@]}"; rc sglang dflash 2; rc sglang plain 2
+rc vllm dflash 2; rc vllm plain 2
 # TP = 1, the same runs in two lanes, one GPU each
 ( export CUDA_VISIBLE_DEVICES=0
   eng sglang tree 1 "${TREE[@]}"; eng sglang dflash 1; eng sglang plain 1
   dl LowConfidence lowconf 1
+  rc sglang tree 1 "${TREE[@]}"; rc sglang dflash 1; rc sglang plain 1
 ) &
 ( export CUDA_VISIBLE_DEVICES=1
   eng vllm dflash 1; eng vllm plain 1; dl Spiffy spiffy 1; dl SpecFold specfold-e 1 --eager
+  rc vllm dflash 1; rc vllm plain 1
 ) &
 wait
 echo "done at $(( $(date +%s) - t0 )) s" | tee -a "$R/queue.log"

@@ -195,6 +195,9 @@ def worker_class() -> type:
             # the whole LM head on every TP rank: the same tree everywhere (sglang_tree_tp)
             mr = self.target_worker.model_runner
             self._head = replicated_head(mr.model.lm_head, getattr(mr, "tp_group", None))
+            if self._head is not mr.model.lm_head:
+                logger.info("%s: the whole LM head %s gathered on this TP rank", NAME,
+                            tuple(self._head.weight.shape))
             self.tree_stage = TreeStage(device, self._tree_topk, self.plan.budget,
                                         self.plan.depth, graphs)
             self.append_stage = AppendStage(
