@@ -29,13 +29,13 @@ decoding of the same blocks takes S + 1 forwards per block. The engine runs at l
 
 Tensor parallelism (issue 22, an `nvidia-h200-x2` machine): `run --tp 2` starts the engine with
 SGLang's tp_size = 2 (and NVLink multicast off, bench/engine_rows.py MULTICAST_OFF, unless the
-environment sets it; the doc's "env" records it). Every rank's scheduler runs the algorithm and logs its blocks
-(lines tagged "TP0", "TP1"): forwards count the lowest rank's lines, "block_lines_per_rank" the
-lines of each. `report` keeps TP 1 and TP 2 apart (LowConfidence of the same TP is the
-reference) and adds each TP 2 run's identity against the TP 1 run of the same algorithm and
-graphs; `compare A.json B.json` prints one such pair. Spiffy and SpecFold (and LowConfidence,
-the reference) at TP 2 and TP 1 on the same machine (each run 1-2 min; SGLang 0.5.16 runs
-SpecFold unfolded, folding needs >= 0.5.21):
+environment sets it; the doc's "env" records it). Every rank's scheduler runs the algorithm and
+logs its blocks (lines tagged "TP0", "TP1"): forwards count the lowest rank's lines,
+"block_lines_per_rank" the lines of each. `report` keeps TP 1 and TP 2 apart (LowConfidence of
+the same TP is the reference) and adds each TP 2 run's identity against the TP 1 run of the
+same algorithm and graphs; `compare A.json B.json` prints one such pair. Spiffy and SpecFold
+(and LowConfidence, the reference) at TP 2 and TP 1 on the same machine (each run 1-2 min;
+SGLang 0.5.16 runs SpecFold unfolded, folding needs >= 0.5.21):
 
     W=out/gpu-dllm O=benchmarks/results/gpu-dllm-tp2
     python benchmarks/gpu_dllm.py prepare --work $W

@@ -68,9 +68,9 @@ column) and adds, for each TP 2 run, its T = 0 identity against the TP 1 run of 
 and mode. The engines start with NVLink multicast off (bench/engine_rows.py MULTICAST_OFF, as
 those machines need) unless the environment sets it; the doc's "env" records it. The queue that
 ran on 2026-12-04 (plain, DFlash and the 32-node tree): benchmarks/gpu_queue/tp2.sh. The fixture
-pair, plain and DFlash at 1 and 16 requests, T = 0, at TP 1 and TP 2 on the same machine (each run 2-4 min,
-about half of it the engine start), then the identity of each TP 2 run against its TP 1 run,
-the Qwen3-8B-shape round cost at TP 2 and TP 1 (2-5 min each), and the report:
+pair, plain and DFlash at 1 and 16 requests, T = 0, at TP 1 and TP 2 on the same machine (each
+run 2-4 min, about half of it the engine start), then the identity of each TP 2 run against its
+TP 1 run, the Qwen3-8B-shape round cost at TP 2 and TP 1 (2-5 min each), and the report:
 
     O=benchmarks/results/gpu-engines-tp2
     for e in vllm sglang; do for tp in 2 1; do for m in plain dflash; do
@@ -194,6 +194,8 @@ def engine_spec(args, target: str, draft: str | None, **kw) -> EngineSpec:
         kw["draft_attention_backend"] = args.draft_attention_backend
         if os.environ.get("DFLASH_TREE_PROFILE"):  # its lines log at info (Engine's: error)
             kw["log_level"] = "info"
+    if getattr(args, "attention_backend", None):
+        kw["attention_backend"] = args.attention_backend
     if getattr(args, "mode", None) == "tuned":
         kw["speculative_config"] = tuned_config(args.tuned)
         draft = None if kw["speculative_config"] is None else draft
@@ -341,6 +343,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         q.add_argument("--tree-topk", type=int, default=4, help="--mode tree: top-K per depth")
         q.add_argument("--draft-attention-backend", choices=("flashinfer", "fa3", "triton"),
                        help="--mode tree: the drafter's (default: the target's, flashinfer)")
+        q.add_argument("--attention-backend", choices=("flashinfer", "fa3", "triton"),
+                       help="SGLang: target and drafter (--mode tree: flashinfer; fa3 needs "
+                       "--tree-topk > 1)")
         q.add_argument("--tuned", default=None, help="dflash tune report JSON (--mode tuned)")
         q.add_argument("--prompts", default=str(FIX / "dev-prompts.jsonl"))
         q.add_argument("--dtype", default="bfloat16")

@@ -65,9 +65,7 @@ def test_dllm_tp_reaches_sglang_kwargs(scripts):
 
 
 def test_engine_env_sets_nvls_off_unless_set(scripts, monkeypatch):
-    from bench.engine_rows import engine_env
-
-    from bench.engine_rows import MULTICAST_OFF
+    from bench.engine_rows import MULTICAST_OFF, engine_env
 
     for k in MULTICAST_OFF:
         monkeypatch.delenv(k, raising=False)

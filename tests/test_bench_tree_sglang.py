@@ -140,6 +140,12 @@ def test_engines_tree_mode_reaches_sglang_kwargs(scripts):  # noqa: F811
     kw = sglang_kwargs(engines.engine_spec(fa3, "t", "d", max_seqs=1))
     assert (kw["attention_backend"], kw["speculative_draft_attention_backend"]) == (
         "flashinfer", "fa3")
+    # fa3 everywhere (its top-K > 1 cascade verifies the tree)
+    both = engines.parse_args(["round-cost", "--engine", "sglang", "--mode", "tree",
+                               "--attention-backend", "fa3", "--out", "x"])
+    kw = sglang_kwargs(engines.engine_spec(both, "t", "d", max_seqs=1))
+    assert (kw["attention_backend"], kw["speculative_draft_attention_backend"],
+            kw["speculative_eagle_topk"]) == ("fa3", "fa3", 4)
 
 
 def test_engines_tree_mode_refused_for_vllm(scripts):  # noqa: F811

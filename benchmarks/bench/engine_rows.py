@@ -137,7 +137,7 @@ def sglang_kwargs(spec: EngineSpec) -> dict:
     if spec.draft:
         kw.update(speculative_algorithm="DFLASH", speculative_draft_model_path=spec.draft,
                   speculative_num_draft_tokens=spec.num_spec_tokens + 1)
-        if spec.tree_topk is not None:  # flashinfer: fa3 (Hopper's default) takes no tree mask
+        if spec.tree_topk is not None:  # flashinfer unless asked (fa3: only with top-K > 1)
             kw.update(speculative_algorithm="DFLASH_TREE", speculative_eagle_topk=spec.tree_topk,
                       attention_backend="flashinfer",
                       speculative_draft_attention_backend="flashinfer")

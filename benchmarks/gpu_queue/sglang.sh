@@ -19,6 +19,17 @@ E=$R/gpu-engines
 step stage 120 python3 -m pytest -q -m gpu tests/engines/test_sglang_tree_stage.py \
     tests/engines/test_sglang_tree_append.py -p no:cacheprovider
 grep -q "^stage rc=[1-9]" "$R/queue.log" && { export DFLASH_TREE_GRAPHS=0; echo "tree graphs off" | tee -a "$R/queue.log"; }
+# 0. DFLASH_TREE with fa3 as the target's backend too (`--attention-backend fa3`; never run on a
+#    GPU): the tree verified by fa3's top-K > 1 cascade instead of flashinfer's custom-mask
+#    prefill (0.9 ms per 8B round), and no backend that asks the scheduler for host lengths (the
+#    2.2 ms wait). T = 0 rows first (check them with greedy_margins.py on CPU: fa3's cascade
+#    must give plain decoding's margins), then the 8B-shape round, then DFLASH beside it (1a'')
+step fa3tree 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
+    --num-spec-tokens 32 --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 \
+    --temperatures 0 --out "$E/sglang-tree32-fa3.json"
+step kernels-tree-fa3-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang \
+    --mode tree --num-spec-tokens 32 --attention-backend fa3 --no-prefill-graphs \
+    --shape qwen3-8b --kernel-trace /tmp/traces/tree-fa3 --out "$E/kernels-sglang-tree-fa3-8b.json"
 # 1-. DFLASH_TREE without the scheduler's per-round wait for host lengths (DFLASH_TREE_LATE_SEQ_LENS=1,
 #    sglang_tree_seqlens.py; never run on a GPU): checked first (each read compared with the
 #    device lengths; raises inside the server), then the 8B-shape round (2026-12-04 with the host

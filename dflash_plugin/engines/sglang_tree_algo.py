@@ -29,7 +29,11 @@ DEFAULT_TOPK = 8
 # The worker is written against SGLang 0.5.16's DFlash worker (ran on the H200); 0.5.23's
 # differs too much (see the design note, 2.1): refused at launch with this message.
 WORKER_VERSIONS = ((0, 5, 16), (0, 5, 16))
-UNSUPPORTED_TARGET_BACKENDS = ("trtllm_mha", "fa3", "fa4", "flashmla", "cutlass_mla")
+UNSUPPORTED_TARGET_BACKENDS = ("trtllm_mha", "fa4", "flashmla", "cutlass_mla")
+# fa3 verifies a tree only through its top-K > 1 cascade (prefix without a mask, then each tree
+# token over the tree tokens the FULL mask lets it see, merged); with top-K 1 it ignores the
+# mask (0.5.16 `flashattention_backend.py`, `self.topk > 1`), which would be wrong for a tree
+TOPK_GT1_TARGET_BACKENDS = ("fa3",)
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,9 @@ def validate_server_args(server_args) -> None:
          "it off (target-only tree sampling)"),
         ("page_size", (sa.page_size or 1) == 1, "1 (tree KV compaction moves single slots)"),
         ("attention_backend", sa.attention_backend not in UNSUPPORTED_TARGET_BACKENDS,
-         "flashinfer or triton (tree masks)"),
+         "flashinfer, triton or fa3 (tree masks)"),
+        ("attention_backend", sa.attention_backend not in TOPK_GT1_TARGET_BACKENDS
+         or plan.topk > 1, "--speculative-eagle-topk > 1 with fa3 (its tree verify)"),
     ]:
         require(ok, flag, f"{NAME} needs {allowed}, got {getattr(sa, flag, None)!r}")
     from .sglang_checks import sglang_version
@@ -130,6 +136,20 @@ def validate_server_args(server_args) -> None:
             f"{'.'.join(map(str, lo))}-{'.'.join(map(str, hi))}; installed "
             f"{'.'.join(map(str, have or ()))} is not supported yet")
     check_tree_args(TreeArgs(plan.width, plan.topk, block, device=sa.device or "cuda"))
+
+
+def check_target_backend(attn_backend) -> None:
+    """At worker start, on the target's built attention backend (and the parts of a hybrid
+    one): an fa3 backend must hold top-K > 1, or it would verify the tree as a causal chain.
+    Catches what the launch check cannot see (a default chosen after it)."""
+    parts = [attn_backend, getattr(attn_backend, "decode_backend", None),
+             getattr(attn_backend, "prefill_backend", None)]
+    for be in (p for p in parts if p is not None):
+        if type(be).__name__ == "FlashAttentionBackend":
+            require(int(getattr(be, "topk", 0) or 0) > 1, "attention_backend",
+                    f"{NAME}'s target runs fa3 with top-K {getattr(be, 'topk', None)}; its tree"
+                    " verify needs --speculative-eagle-topk > 1 (or --attention-backend "
+                    "flashinfer)")
 
 
 def handle_server_args(server_args) -> None:

@@ -12,8 +12,9 @@ launches the drafter: a 32-node round is 8.76 ms against 7.75 ms of kernels). On
 verify needs the lengths on the host (the fa3 drafter does not: DFLASH on fa3 runs without
 them). So the worker leaves the target backend out of `spec_v2_attn_backends`, keeps its own
 host mirror of every request's committed length (`SeqLensMirror`: device lengths by req-pool
-slot, copied to pinned host memory after each publish, an event recorded after each copy) and reads it after
-the drafter and the tree phase are queued, when the previous verify has long finished.
+slot, copied to pinned host memory after each publish, an event recorded after each copy) and
+reads it after the drafter and the tree phase are queued, when the previous verify has long
+finished.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ def vocab_rows(shards: torch.Tensor, starts: list[int], counts: list[int]) -> to
     (padding rows are never drafted)."""
     tp, rows = int(shards.shape[0]), int(shards.shape[1])
     if len(starts) != tp or len(counts) != tp:
-        raise ValueError(f"vocab shards: {tp} shards but {len(starts)} starts, {len(counts)} counts")
+        raise ValueError(f"vocab shards: {tp} shards but {len(starts)} starts, "
+                         f"{len(counts)} counts")
     spans = sorted((s, c, r) for r, (s, c) in enumerate(zip(starts, counts)) if c > 0)
     end = 0
     for s, c, r in spans:

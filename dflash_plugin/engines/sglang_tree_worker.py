@@ -29,17 +29,23 @@ import torch
 
 from .sglang_buckets import bucket_limit, graphs_enabled
 from .sglang_checks import sglang_version
-from .sglang_tree_algo import NAME, WORKER_VERSIONS, TreeArgs, check_tree_args
+from .sglang_tree_algo import (
+    NAME,
+    WORKER_VERSIONS,
+    TreeArgs,
+    check_target_backend,
+    check_tree_args,
+)
 from .sglang_tree_append import AppendStage, accepted_path, fused_workspaces
 from .sglang_tree_input import make_verify_input, with_mask
 from .sglang_tree_plan import install, layout_from_env
+from .sglang_tree_profile import RoundProfile, profile_every
 from .sglang_tree_seqlens import (
     SeqLensMirror,
     give_host_lens,
     late_seq_lens_from_env,
     wrap_publish,
 )
-from .sglang_tree_profile import RoundProfile, profile_every
 from .sglang_tree_stage import TreeStage
 from .sglang_tree_tp import replicated_head
 
@@ -101,8 +107,8 @@ def draft_server_args(server_args, block_size: int):
 
 def tree_topk(hidden: torch.Tensor, lm_head, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-`k` log-probs and token ids `[bs, D, k]` of the target LM head over the drafter's
-    hidden states `[bs, D, hidden]` (under TP the whole head: `sglang_tree_tp`). Only the head's real
-    vocab rows count: SGLang's `ParallelLMHead.weight` is padded to a multiple of 64 rows
+    hidden states `[bs, D, hidden]` (under TP the whole head: `sglang_tree_tp`). Only the head's
+    real vocab rows count: SGLang's `ParallelLMHead.weight` is padded to a multiple of 64 rows
     (`padding_size`, `vocab_parallel_embedding.py`), and a padded row must never be drafted;
     `shard_indices.num_org_elements` / `org_vocab_start_index` give the real rows, as in DFLASH's
     own greedy head (`dflash_worker_v2.py` `_DflashDraftSampler`, 0.5.16). Added (LoRA) vocab is
@@ -186,6 +192,7 @@ def worker_class() -> type:
             super().__init__(draft_server_args(server_args, self.plan.block_size), gpu_id, ps,
                              nccl_port, target_worker)
             self.server_args = server_args  # the global args (W, K) everywhere else
+            check_target_backend(self.target_worker.model_runner.attn_backend)
             # DFLASH_TREE_PROFILE=N: per-phase round times in the log (sglang_tree_profile)
             self.profile = RoundProfile(profile_every(), torch.device(self.device))
             self._graph_logged, self._draft_graph = set(), False  # for the profile's log

@@ -201,6 +201,30 @@ def test_tree_arg_rules(fields, message):
     assert check_tree_args(TreeArgs(**{**base, "topk": None})).topk == 8  # default min(8, N)
 
 
+def test_fa3_target_backend_needs_topk_above_one():
+    """fa3 verifies a tree only through its top-K > 1 cascade; with top-K 1 it would treat the
+    tree as a causal chain. The check reads the built backend (and a hybrid one's parts); the
+    classes here only carry the name and `topk` it reads (no GPU backend builds on CPU)."""
+    from dflash_plugin.engines.sglang_tree_algo import check_target_backend
+
+    fa3 = type("FlashAttentionBackend", (), {})
+    flashinfer = type("FlashInferAttnBackend", (), {})
+    hybrid = type("HybridAttnBackend", (), {})
+
+    def make(cls, **kw):
+        be = cls()
+        be.__dict__.update(kw)
+        return be
+
+    check_target_backend(make(fa3, topk=4))
+    check_target_backend(make(flashinfer, topk=1))
+    for bad in (make(fa3, topk=1), make(fa3),
+                make(hybrid, decode_backend=make(fa3, topk=1), prefill_backend=make(flashinfer))):
+        with pytest.raises(ConfigError, match=r"attention_backend: DFLASH_TREE's target runs "
+                                              r"fa3 with top-K (1|None)"):
+            check_target_backend(bad)
+
+
 def test_adapters_import_without_sglang():
     for mod in ("sglang_tree_input", "sglang_tree_algo", "sglang_tree_worker"):
         __import__(f"dflash_plugin.engines.{mod}")

@@ -6,8 +6,8 @@ our start-up check `validate_vllm_drafter` on them; vLLM 0.26's and the installe
 rule (`SpeculativeConfig._verify_and_get_draft_tp`, taken from each source) run on TP configs; the
 CPU context-key norm is the same on a rank's head shard as on all heads. SGLang: the checks of
 `sglang_env/checks_tp.py` (server args with `--tp-size 2`, DFLASH_TREE's acceptance and LM-head
-shards, per-rank pools) run in 0.5.23 through `test_sglang.py`, and in 0.5.16 here (one subprocess). Our engine adapters
-hold no rank-0-only branch (source scan).
+shards, per-rank pools) run in 0.5.23 through `test_sglang.py`, and in 0.5.16 here (one
+subprocess). Our engine adapters hold no rank-0-only branch (source scan).
 """
 
 import ast

@@ -5,11 +5,12 @@
 Server args are SGLang's own `prepare_server_args` from command-line strings with `--tp-size 2`:
 Spiffy / SpecFold resolve and validate as with TP = 1, and so does DFLASH_TREE, whose ranks read
 the whole LM head reassembled from SGLang's own shards. Per-rank pieces: under TP every rank's
-scheduler builds its own algorithm from the same server args and drives its own model runner, whose `ReqToTokenPool` and
-KV allocator hold that rank's rows and slots. Two "ranks" (two algorithm instances, two mock
-runners of `checks_identity.py` over real SGLang pools) must take the same decisions (equal
-forwards and batch shapes: the sequences of one forward are a collective's shape), allocate only
-from their own pools, free every draft row and slot there, and never touch the other rank's.
+scheduler builds its own algorithm from the same server args and drives its own model runner,
+whose `ReqToTokenPool` and KV allocator hold that rank's rows and slots. Two "ranks" (two
+algorithm instances, two mock runners of `checks_identity.py` over real SGLang pools) must take
+the same decisions (equal forwards and batch shapes: the sequences of one forward are a
+collective's shape), allocate only from their own pools, free every draft row and slot there,
+and never touch the other rank's.
 """
 
 import json

@@ -127,6 +127,12 @@ BAD = [
     (["--speculative-num-draft-tokens", "17", "--speculative-use-rejection-sampling"],
      "speculative_use_rejection_sampling: DFLASH_TREE needs it off"),
     (["--speculative-num-draft-tokens", "17", "--speculative-eagle-topk", "4"], LAST),
+    # fa3 verifies trees only with top-K > 1 (its cascade); with it, only the device is left
+    (["--speculative-num-draft-tokens", "9", "--speculative-eagle-topk", "1",
+      "--attention-backend", "fa3"],
+     r"attention_backend: DFLASH_TREE needs --speculative-eagle-topk > 1 with fa3"),
+    (["--speculative-num-draft-tokens", "17", "--speculative-eagle-topk", "4",
+      "--attention-backend", "fa3"], LAST),
 ]
 
 
