@@ -32,7 +32,8 @@ WORKER_VERSIONS = ((0, 5, 16), (0, 5, 16))
 UNSUPPORTED_TARGET_BACKENDS = ("trtllm_mha", "fa4", "flashmla", "cutlass_mla")
 # fa3 verifies a tree only through its top-K > 1 cascade (prefix without a mask, then each tree
 # token over the tree tokens the FULL mask lets it see, merged); with top-K 1 it ignores the
-# mask (0.5.16 `flashattention_backend.py`, `self.topk > 1`), which would be wrong for a tree
+# mask (0.5.16 `flashattention_backend.py`, `self.topk > 1`) and verifies causally: the same
+# mask for a top-1 tree (a chain), but not a path our worker has run, so refused for now
 TOPK_GT1_TARGET_BACKENDS = ("fa3",)
 
 
