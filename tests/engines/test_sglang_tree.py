@@ -23,7 +23,7 @@ from tests.engines.oldest_sglang import run_checks
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = [ROOT / "tests" / "engines" / "sglang_env" / f"{name}.py"
           for name in ("checks_tree", "checks_tree_worker", "checks_tree_plan",
-                       "checks_adaptive")]
+                       "checks_tree_fa3", "checks_adaptive")]
 FIX = ROOT / "examples" / "fixtures"
 
 
