@@ -192,7 +192,6 @@ def worker_class() -> type:
             super().__init__(draft_server_args(server_args, self.plan.block_size), gpu_id, ps,
                              nccl_port, target_worker)
             self.server_args = server_args  # the global args (W, K) everywhere else
-            check_target_backend(self.target_worker.model_runner.attn_backend)
             # DFLASH_TREE_PROFILE=N: per-phase round times in the log (sglang_tree_profile)
             self.profile = RoundProfile(profile_every(), torch.device(self.device))
             self._graph_logged, self._draft_graph = set(), False  # for the profile's log
@@ -254,7 +253,9 @@ def worker_class() -> type:
             `init_attention_backends`, `init_cuda_graphs`; scheduler.py): the drafter's KV pool
             exists only after `alloc_memory_pool`, so the drafter-KV append is captured here.
             Captured in `__init__` it met no `token_to_kv_pool` and SGLang's own fallback
-            turned DFLASH's fused append off for good (H200, 2026-12-03)."""
+            turned DFLASH's fused append off for good (H200, 2026-12-03). The target's attention
+            backend exists by now (SGLang builds the backends after the workers): checked here."""
+            check_target_backend(self.target_worker.model_runner.attn_backend)
             super().init_cuda_graphs()
             sizes = self.append_stage.warm_for(self, self.plan.depth + 1)
             if sizes:

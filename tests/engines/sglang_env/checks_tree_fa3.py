@@ -121,3 +121,23 @@ def test_fa3_takes_the_cascade_only_with_topk_above_one():
     assert "forward_batch.forward_mode.is_target_verify()\n            and self.topk > 1" in src
     assert "if forward_mode.is_target_verify() and self.topk > 1:" in src
     assert "needs_cpu_seq_lens: bool = False" in src
+
+
+@OLD_ONLY
+def test_target_backend_is_built_before_the_drafter_captures():
+    """`check_target_backend` runs in the worker's `init_cuda_graphs`: SGLang 0.5.16 builds the
+    workers first, then every attention backend, then the graphs (target before drafter), so
+    the target's backend exists there and not yet in the worker's `__init__`."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    src = Path(importlib.util.find_spec("sglang.srt.managers.scheduler").origin).read_text()
+    body = src[src.index("    def init_model_worker(self):"):]
+    body = body[:body.index("\n    def ", 10)]
+    steps = re.findall(r"self\.(\w+)\(\)", body)
+    assert steps.index("maybe_init_draft_worker") < steps.index(
+        "init_all_attention_backends") < steps.index("init_all_cuda_graphs")
+    graphs = src[src.index("    def init_all_cuda_graphs(self):"):]
+    assert graphs.index("self.tp_worker.init_cuda_graphs()") < graphs.index(
+        "self.draft_worker.init_cuda_graphs()")
