@@ -66,11 +66,10 @@ serves with vLLM's tensor_parallel_size / SGLang's tp_size = 2 (the DFlash draft
 like the target); every JSON and row records its "tp", `report` keeps TP 1 and TP 2 apart (a TP
 column) and adds, for each TP 2 run, its T = 0 identity against the TP 1 run of the same engine
 and mode. The engines start with NVLink multicast off (bench/engine_rows.py MULTICAST_OFF, as
-those machines need) unless the environment sets it; the doc's "env" records it. The queue that
-ran on 2026-12-04 (plain, DFlash and the 32-node tree): benchmarks/gpu_queue/tp2.sh. The fixture
-pair, plain and DFlash at 1 and 16 requests, T = 0, at TP 1 and TP 2 on the same machine (each
-run 2-4 min, about half of it the engine start), then the identity of each TP 2 run against its
-TP 1 run, the Qwen3-8B-shape round cost at TP 2 and TP 1 (2-5 min each), and the report:
+those machines need) unless the environment sets it; the doc's "env" records it (queue:
+benchmarks/gpu_queue/tp2.sh). The fixture pair, plain and DFlash at 1 and 16 requests, T = 0,
+at TP 1 and TP 2 on the same machine (each run 2-4 min, about half of it the engine start),
+each TP 2 run's identity against its TP 1 run, the 8B-shape round cost at TP 2 and 1, the report:
 
     O=benchmarks/results/gpu-engines-tp2
     for e in vllm sglang; do for tp in 2 1; do for m in plain dflash; do

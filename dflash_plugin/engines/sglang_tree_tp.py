@@ -1,4 +1,5 @@
-"""DFLASH_TREE under tensor parallelism (`--tp-size N`): the LM head the tree's top-K reads.
+"""The tree's top-K over the target's LM head (`tree_topk`), and that head under tensor
+parallelism (`--tp-size N`, `replicated_head`).
 
 Under TP every rank's scheduler runs its own `DFlashTreeWorker`, and the ranks must build the
 same tree each round: its tokens and positions are the verify forward's input on every rank,
@@ -38,7 +39,7 @@ def vocab_rows(shards: torch.Tensor, starts: list[int], counts: list[int]) -> to
 
 
 def replicated_head(lm_head, group):
-    """The head the tree's top-K reads (`sglang_tree_worker.tree_topk`): `lm_head` itself at
+    """The head the tree's top-K reads (`tree_topk`): `lm_head` itself at
     TP 1 (`group` None or of one rank); else an object with the whole head as `.weight`
     `[V, hidden]` and no shard indices, gathered from every rank of `group` (SGLang's TP
     `GroupCoordinator`: `all_gather`). Collective: every rank must call it, at start."""
@@ -57,3 +58,20 @@ def replicated_head(lm_head, group):
     shards = group.all_gather(weight.detach(), dim=0).view(tp, *weight.shape)
     full = vocab_rows(shards, [s for s, _ in spans], [c for _, c in spans]).contiguous()
     return SimpleNamespace(weight=full, shard_indices=None)
+
+
+def tree_topk(hidden: torch.Tensor, lm_head, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-`k` log-probs and token ids `[bs, D, k]` of the target LM head over the drafter's
+    hidden states `[bs, D, hidden]` (under TP the whole head: `sglang_tree_tp`). Only the head's
+    real vocab rows count: SGLang's `ParallelLMHead.weight` is padded to a multiple of 64 rows
+    (`padding_size`, `vocab_parallel_embedding.py`), and a padded row must never be drafted;
+    `shard_indices.num_org_elements` / `org_vocab_start_index` give the real rows, as in DFLASH's
+    own greedy head (`dflash_worker_v2.py` `_DflashDraftSampler`, 0.5.16). Added (LoRA) vocab is
+    not drafted."""
+    weight = lm_head.weight
+    shard = getattr(lm_head, "shard_indices", None)
+    num_org = int(weight.shape[0]) if shard is None else int(shard.num_org_elements)
+    start = 0 if shard is None else int(shard.org_vocab_start_index)
+    logits = torch.nn.functional.linear(hidden.to(weight.dtype), weight[:num_org])
+    top_lp, top_ids = logits.float().log_softmax(-1).topk(k, dim=-1)
+    return top_lp, (top_ids + start) if start else top_ids

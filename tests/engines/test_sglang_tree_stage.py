@@ -16,7 +16,7 @@ from dflash_plugin.engines.sglang_buckets import (
 )
 from dflash_plugin.engines.sglang_tree_input import tree_parts, with_mask
 from dflash_plugin.engines.sglang_tree_stage import TreeStage
-from dflash_plugin.engines.sglang_tree_worker import tree_topk
+from dflash_plugin.engines.sglang_tree_tp import tree_topk
 from dflash_plugin.errors import ConfigError
 from dflash_plugin.fast.tree_build import build_tree
 

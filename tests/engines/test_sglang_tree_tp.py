@@ -9,8 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dflash_plugin.engines.sglang_tree_tp import replicated_head, vocab_rows
-from dflash_plugin.engines.sglang_tree_worker import tree_topk
+from dflash_plugin.engines.sglang_tree_tp import replicated_head, tree_topk, vocab_rows
 
 
 def sharded(full: torch.Tensor, tp: int, pad: int = 64):

@@ -247,7 +247,7 @@ def test_tree_topk_skips_the_padded_rows_of_a_real_lm_head():
     from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
     from sglang.srt.runtime_context import get_parallel
 
-    from dflash_plugin.engines.sglang_tree_worker import tree_topk
+    from dflash_plugin.engines.sglang_tree_tp import tree_topk
 
     with get_parallel().override(tp_rank=0, tp_size=1):
         head = ParallelLMHead(100, 8, params_dtype=torch.bfloat16)
