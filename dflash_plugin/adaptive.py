@@ -37,6 +37,22 @@ def best_block(
     return max(sorted(round_ms), key=lambda q: expected_tokens(survival, q) / round_ms[q])
 
 
+def cap_plain(round_ms: dict[int, float], below: float = 0.95) -> dict[int, float]:
+    """Round times with the plain step (q = 1) at most `below` x the cheapest speculative
+    round's: a round of q > 1 verifies q tokens per row and runs the drafter besides, so it
+    costs more than a plain step of the same batch, and a plain time above one is a bad sample
+    (on the H200 at the Qwen3-8B shape, 2026-12-04, one interval read 44 ms for a plain step of
+    64 requests against 13 ms in plain SGLang; the row then ran q = 8 at 0.53x plain and never
+    timed plain again). Capped strictly below, plain wins while the drafts add under 5 %, so it
+    runs, is timed again, and its true time replaces the bad one."""
+    require(0 < below <= 1, "below", f"must be in (0, 1], got {below}")
+    out = dict(round_ms)
+    longer = [t for q, t in round_ms.items() if q > 1]
+    if 1 in out and longer:
+        out[1] = min(out[1], below * min(longer))
+    return out
+
+
 @dataclass
 class Survival:
     """Decayed estimate of s_k from observed rounds (prior: `prior` at every position, with the
@@ -236,10 +252,13 @@ class ServerPolicy:
         positions = max(max_q - 1, 1)
         self.survival = Survival(positions, cfg.decay, cfg.prior)
         self.policies = {}
+        self._raw: dict[int, dict[int, float]] = {}
         for c, ms in sorted(rows.items()):
             p = BlockPolicy(cfg, ms, max_q, positions)
             p.survival = self.survival  # acceptance does not depend on the batch size
             p.probe_len = probe_steps
+            self._raw[c] = dict(p.round_ms)  # q -> ms given or measured, before `cap_plain`
+            p.round_ms = cap_plain(p.round_ms)
             self.policies[c] = p
         self._live: dict[tuple[int, int], tuple[float, float]] = {}  # (c, q) -> decayed w, sum
         self._warm: set[tuple[int, int]] = set()  # (bs, q) whose first step time was seen
@@ -275,7 +294,9 @@ class ServerPolicy:
         (the first step of a batch size at a q may compile kernels or grow buffers: 858 ms on
         the H200, which kept q = 1 unchosen for the server's life) it replaces the given time
         of that row and q, as a decayed mean (`decay` 0.9 per sample; a sample over 4x the
-        current mean, e.g. a pause of the host, is left out)."""
+        current mean, e.g. a pause of the host, is left out). The row decides by these times
+        with the plain step capped at its cheapest speculative round (`cap_plain`): a plain
+        time read too high is never re-measured, as plain is then never chosen there."""
         if not ms > 0:
             return
         c = self._row(bs)
@@ -290,7 +311,8 @@ class ServerPolicy:
             return
         w, tot = 0.9 * w + 1.0, 0.9 * tot + ms
         self._live[key] = (w, tot)
-        p.round_ms[q] = tot / w  # `choose` and the probe spacing read it
+        self._raw[c][q] = tot / w
+        p.round_ms = cap_plain(self._raw[c])  # `choose` and the probe spacing read it
 
     def times(self) -> dict[int, dict[int, float]]:
         """concurrency -> {q: ms} the policy decides by now (measured live where it could)."""

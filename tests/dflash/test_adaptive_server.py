@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dflash_plugin.adaptive import AdaptiveConfig, ServerPolicy, StepClock, nearest_row
+from dflash_plugin.adaptive import (AdaptiveConfig, ServerPolicy, StepClock, cap_plain,
+                                    nearest_row)
 from dflash_plugin.engines.sglang_adaptive import PROBE_STEPS, SERVER_CONFIG, step_times
 from dflash_plugin.errors import ConfigError
 
@@ -149,7 +150,7 @@ def test_server_policy_timed_replaces_then_averages_and_drops_outliers():
     """The first sample of a (batch size, q) is a warm-up, left out; the next one replaces the
     tune's time; later ones make a decayed mean (0.9); a sample over 4x the mean, or not
     positive, is left out."""
-    policy = ServerPolicy(AdaptiveConfig(), {1: {1: 1.0, 16: 3.0}}, max_q=16)
+    policy = ServerPolicy(AdaptiveConfig(), {1: {1: 1.0, 16: 9.0}}, max_q=16)
     policy.timed(1, 1, 858.0)  # the first step at q = 1: kernels compile
     assert policy.times()[1][1] == 1.0
     policy.timed(1, 1, 2.0)
@@ -159,7 +160,37 @@ def test_server_policy_timed_replaces_then_averages_and_drops_outliers():
     assert policy.times()[1][1] == 2.0
     policy.timed(1, 1, 8.0)  # exactly 4x is kept
     assert policy.times()[1][1] == pytest.approx((0.9 * 2.0 + 8.0) / 1.9)
-    assert policy.times()[1][16] == 3.0
+    assert policy.times()[1][16] == 9.0
+
+
+def test_cap_plain_table():
+    """The plain step costs at most 0.95x the cheapest speculative round; others unchanged."""
+    assert cap_plain({1: 44.3, 8: 20.0, 16: 30.1}) == {1: 19.0, 8: 20.0, 16: 30.1}
+    assert cap_plain({1: 44.3, 8: 20.0}, below=1.0) == {1: 20.0, 8: 20.0}
+    assert cap_plain({1: 5.0, 8: 17.6}) == {1: 5.0, 8: 17.6}
+    assert cap_plain({1: 5.0}) == {1: 5.0}
+    assert cap_plain({8: 3.0, 16: 2.0}) == {8: 3.0, 16: 2.0}
+    with pytest.raises(ConfigError, match="below"):
+        cap_plain({1: 1.0}, below=0.0)
+
+
+def test_server_policy_a_plain_time_read_too_high_does_not_lock_plain_out():
+    """The H200 run of 2026-12-04 (Qwen3-8B shape, nothing accepted, 64 requests): one live
+    plain step read 44 ms against 17.6 for q = 8, so the row ran q = 8 for good (plain was never
+    re-measured). Capped at the cheapest speculative round, plain wins the tie, is measured
+    again, and its true time replaces the bad one."""
+    policy = ServerPolicy(AdaptiveConfig(), {64: {1: 2.2, 8: 11.6, 16: 9.4}}, max_q=16)
+    for _ in range(60):
+        policy.observe(64, 16, [0] * 64)
+    for q, ms in ((8, 17.6), (16, 30.1), (1, 44.3)):
+        policy.timed(64, q, ms)  # warm-up, left out
+        policy.timed(64, q, ms)
+    assert policy.times()[64] == {1: pytest.approx(0.95 * 17.6), 8: 17.6, 16: 30.1}
+    assert policy.choose(64) == 1
+    for _ in range(40):
+        policy.timed(64, 1, 13.0)
+    assert policy.times()[64][1] < 14.0
+    assert policy.choose(64) == 1
 
 
 def test_server_policy_timed_ignores_unmeasured_q():
