@@ -6,6 +6,8 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
+# Owed as of 2026-12-04 (most wanted first): STEPS="adaptive-8b fa3tree-t1 engines-dflash-t1
+#   adaptive-q1 adaptive lateseq-check engines-tree32-lateseq"
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -19,17 +21,22 @@ E=$R/gpu-engines
 step stage 120 python3 -m pytest -q -m gpu tests/engines/test_sglang_tree_stage.py \
     tests/engines/test_sglang_tree_append.py -p no:cacheprovider
 grep -q "^stage rc=[1-9]" "$R/queue.log" && { export DFLASH_TREE_GRAPHS=0; echo "tree graphs off" | tee -a "$R/queue.log"; }
-# 0. DFLASH_TREE with fa3 as the target's backend too (`--attention-backend fa3`; never run on a
-#    GPU): the tree verified by fa3's top-K > 1 cascade instead of flashinfer's custom-mask
-#    prefill (0.9 ms per 8B round), and no backend that asks the scheduler for host lengths (the
-#    2.2 ms wait). T = 0 rows first (check them with greedy_margins.py on CPU: fa3's cascade
-#    must give plain decoding's margins), then the 8B-shape round, then DFLASH beside it (1a'')
+# 0. DFLASH_TREE with fa3 as the target's backend too (`--attention-backend fa3`): the tree
+#    verified by fa3's top-K > 1 cascade, no backend that asks the scheduler for host lengths.
+#    Ran 2026-12-04 (BENCHMARKS.md): 8B round 8.06 ms (8.76 with flashinfer), fixture 0.91x
+#    DFLASH at 1 request, T = 0 margins 0.062. Next: its T = 1 rows beside DFLASH's (0t1)
 step fa3tree 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
     --num-spec-tokens 32 --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 \
     --temperatures 0 --out "$E/sglang-tree32-fa3.json"
 step kernels-tree-fa3-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang \
     --mode tree --num-spec-tokens 32 --attention-backend fa3 --no-prefill-graphs \
     --shape qwen3-8b --kernel-trace /tmp/traces/tree-fa3 --out "$E/kernels-sglang-tree-fa3-8b.json"
+# 0t1. T = 1 with fa3 verifying the tree, then DFLASH at T = 1 in the same session
+step fa3tree-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
+    --num-spec-tokens 32 --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 \
+    --temperatures 1 --out "$E/sglang-tree32-fa3-t1.json"
+step engines-dflash-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode dflash \
+    --no-prefill-graphs --temperatures 1 --concurrency 1 4 8 --out "$E/sglang-dflash-t1.json"
 # 1-. DFLASH_TREE without the scheduler's per-round wait for host lengths (DFLASH_TREE_LATE_SEQ_LENS=1,
 #    sglang_tree_seqlens.py; never run on a GPU): checked first (each read compared with the
 #    device lengths; raises inside the server), then the 8B-shape round (2026-12-04 with the host
@@ -94,7 +101,8 @@ for m in tree dflash plain; do
 done
 # 1c. the adaptive server as a whole at the Qwen3-8B shape (random weights, tau ~ 1: it should
 #     take plain steps and probe q = 16 now and then) beside plain SGLang: within 3 % of plain?
-#     (2026-12-03, before StepClock: 0.93 / 0.93 / 0.79 / 0.36x plain, step times misattributed)
+#     (2026-12-03, before StepClock: 0.93 / 0.93 / 0.79 / 0.36x plain; 2026-12-04 with it:
+#     0.958 / 0.950 / 0.965 / 0.533x, at 64 one bad plain sample: `cap_plain` since, re-run)
 step adaptive-8b 600 python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b \
     --modes plain,adaptive --concurrency 1,4,16,64 --out "$R/gpu-adaptive-sglang-8b" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
