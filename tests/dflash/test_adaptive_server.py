@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_plugin.adaptive import (AdaptiveConfig, ServerPolicy, StepClock, cap_plain,
-                                    nearest_row)
+from dflash_plugin.adaptive import AdaptiveConfig, ServerPolicy, StepClock, cap_plain, nearest_row
 from dflash_plugin.engines.sglang_adaptive import PROBE_STEPS, SERVER_CONFIG, step_times
 from dflash_plugin.errors import ConfigError
 
