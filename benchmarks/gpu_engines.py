@@ -329,38 +329,40 @@ def cmd_report(args) -> None:
                            and d.get("mode") != "tuned"], args.out_png))
 
 
+def engine_args(q) -> None:
+    """The engine options every subcommand takes (also `gpu_sampling.py`'s)."""
+    q.add_argument("--engine", choices=("vllm", "sglang"), required=True)
+    q.add_argument("--mode", choices=("plain", "dflash", "tuned", "tree"), required=True,
+                   help="tuned (vLLM): the --speculative-config of a dflash tune report; "
+                   "tree (SGLang): our DFLASH_TREE, node budget --num-spec-tokens")
+    q.add_argument("--tree-topk", type=int, default=4, help="--mode tree: top-K per depth")
+    q.add_argument("--draft-attention-backend", choices=("flashinfer", "fa3", "triton"),
+                   help="--mode tree: the drafter's (default: the target's, flashinfer)")
+    q.add_argument("--attention-backend", choices=("flashinfer", "fa3", "triton"),
+                   help="SGLang: target and drafter (--mode tree: flashinfer; fa3 needs "
+                   "--tree-topk > 1)")
+    q.add_argument("--tuned", default=None, help="dflash tune report JSON (--mode tuned)")
+    q.add_argument("--prompts", default=str(FIX / "dev-prompts.jsonl"))
+    q.add_argument("--dtype", default="bfloat16")
+    q.add_argument("--num-spec-tokens", type=int, default=15, help="draft tokens per round")
+    q.add_argument("--max-model-len", type=int, default=4096)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs (vLLM enforce_eager, SGLang disable_cuda_graph)")
+    q.add_argument("--prefix-caching", action="store_true")
+    q.add_argument("--no-prefill-graphs", action="store_true",
+                   help="SGLang: no prefill CUDA graphs (decode graphs stay)")
+    q.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="vLLM gpu_memory_utilization / SGLang mem_fraction_static")
+    q.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel GPUs (vLLM tensor_parallel_size, SGLang tp_size)")
+    q.add_argument("--out", required=True, help="JSON file to write")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-
-    def engine_args(q) -> None:
-        q.add_argument("--engine", choices=("vllm", "sglang"), required=True)
-        q.add_argument("--mode", choices=("plain", "dflash", "tuned", "tree"), required=True,
-                       help="tuned (vLLM): the --speculative-config of a dflash tune report; "
-                       "tree (SGLang): our DFLASH_TREE, node budget --num-spec-tokens")
-        q.add_argument("--tree-topk", type=int, default=4, help="--mode tree: top-K per depth")
-        q.add_argument("--draft-attention-backend", choices=("flashinfer", "fa3", "triton"),
-                       help="--mode tree: the drafter's (default: the target's, flashinfer)")
-        q.add_argument("--attention-backend", choices=("flashinfer", "fa3", "triton"),
-                       help="SGLang: target and drafter (--mode tree: flashinfer; fa3 needs "
-                       "--tree-topk > 1)")
-        q.add_argument("--tuned", default=None, help="dflash tune report JSON (--mode tuned)")
-        q.add_argument("--prompts", default=str(FIX / "dev-prompts.jsonl"))
-        q.add_argument("--dtype", default="bfloat16")
-        q.add_argument("--num-spec-tokens", type=int, default=15, help="draft tokens per round")
-        q.add_argument("--max-model-len", type=int, default=4096)
-        q.add_argument("--seed", type=int, default=0)
-        q.add_argument("--enforce-eager", action="store_true",
-                       help="no CUDA graphs (vLLM enforce_eager, SGLang disable_cuda_graph)")
-        q.add_argument("--prefix-caching", action="store_true")
-        q.add_argument("--no-prefill-graphs", action="store_true",
-                       help="SGLang: no prefill CUDA graphs (decode graphs stay)")
-        q.add_argument("--gpu-memory-utilization", type=float, default=None,
-                       help="vLLM gpu_memory_utilization / SGLang mem_fraction_static")
-        q.add_argument("--tp", type=int, default=1,
-                       help="tensor-parallel GPUs (vLLM tensor_parallel_size, SGLang tp_size)")
-        q.add_argument("--out", required=True, help="JSON file to write")
 
     r = sub.add_parser("run", help="one engine configuration over the prompts",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)

@@ -6,8 +6,9 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-04 (most wanted first): STEPS="adaptive-8b fa3tree-t1 engines-dflash-t1
-#   adaptive-q1 adaptive lateseq-check engines-tree32-lateseq"
+# Owed as of 2026-12-04 (most wanted first): STEPS="adaptive-8b sampling-plain sampling-plain2
+#   sampling-tree-fa3 sampling-tree sampling-dflash fa3tree-t1 engines-dflash-t1 adaptive-q1
+#   adaptive lateseq-check engines-tree32-lateseq"
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -37,6 +38,19 @@ step fa3tree-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode
     --temperatures 1 --out "$E/sglang-tree32-fa3-t1.json"
 step engines-dflash-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode dflash \
     --no-prefill-graphs --temperatures 1 --concurrency 1 4 8 --out "$E/sglang-dflash-t1.json"
+# 0s. lossless at T = 1, by statistics: 4 prompts x 2,000 sampled completions of 6 tokens per
+#     mode (plain twice: the test's own false-positive check); on CPU afterwards:
+#     python benchmarks/gpu_sampling.py compare $R/gpu-sampling/tree-fa3.json $R/gpu-sampling/plain.json
+for m in plain plain2 tree-fa3 tree dflash; do
+  case $m in
+    plain|plain2) a=(--mode plain) ;;
+    tree-fa3) a=(--mode tree --num-spec-tokens 32 --attention-backend fa3) ;;
+    tree) a=(--mode tree --num-spec-tokens 32 --draft-attention-backend fa3) ;;
+    dflash) a=(--mode dflash) ;;
+  esac
+  step sampling-$m 400 python3 benchmarks/gpu_sampling.py run --engine sglang "${a[@]}" \
+      --no-prefill-graphs --out "$R/gpu-sampling/$m.json"
+done
 # 1-. DFLASH_TREE without the scheduler's per-round wait for host lengths (DFLASH_TREE_LATE_SEQ_LENS=1,
 #    sglang_tree_seqlens.py; never run on a GPU): checked first (each read compared with the
 #    device lengths; raises inside the server), then the 8B-shape round (2026-12-04 with the host

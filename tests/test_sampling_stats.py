@@ -1,0 +1,108 @@
+"""`benchmarks/bench/sampling_stats.py` and `gpu_sampling.py compare`, without an engine: the
+chi-square homogeneity tests that decide whether a speculative engine mode samples plain
+decoding's distribution at T > 0. Synthetic completions (seeded torch draws): two runs of one
+distribution pass; a sampler that moves 6 % of one position's mass onto the drafter's token
+fails; so does one whose later positions ignore the residual."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("scipy")
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def mods():
+    saved = list(sys.path)
+    sys.path.insert(0, str(BENCH))
+    try:
+        import gpu_sampling
+        from bench import sampling_stats
+
+        yield sampling_stats, gpu_sampling
+    finally:
+        sys.path[:] = saved
+
+
+PROBS = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])  # one position's distribution
+
+
+def completions(n: int, seed: int, length: int = 3, bias: float = 0.0, at: int = 1):
+    """n completions of `length` tokens; position `at` moves `bias` of its mass onto token 5
+    (a biased sampler's favourite draft) from token 0."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for k in range(length):
+        p = PROBS.clone()
+        if k == at and bias:
+            p[0] -= bias
+            p[5] += bias
+        out.append(torch.multinomial(p, n, replacement=True, generator=g))
+    return [list(map(int, t)) for t in torch.stack(out, 1)]
+
+
+def test_position_table_pools_rare_tokens(mods):
+    st, _ = mods
+    a = [[1, 7], [1, 8], [2, 7]]
+    b = [[1, 7], [3, 7], [1]]
+    assert st.position_table(a, b, 0, min_count=2) == [[2, 1], [2, 1]]  # token 1, rest (2, 3)
+    assert st.position_table(a, b, 0, min_count=1) == [[2, 1, 0], [2, 0, 1]]  # 1, 2, 3
+    assert st.position_table(a, b, 1, min_count=3) == [[2, 1], [2, 0]]  # 7, rest (8); [1] short
+
+
+def test_same_distribution_passes_and_a_biased_sampler_fails(mods):
+    st, _ = mods
+    plain = {"0": completions(2000, 1), "1": completions(2000, 2)}
+    same = {"0": completions(2000, 3), "1": completions(2000, 4)}
+    biased = {"0": completions(2000, 3, bias=0.06), "1": completions(2000, 4, bias=0.06)}
+    ok = st.verdict(st.homogeneity_tests(same, plain, [0, 1, 2]))
+    assert ok["passed"] and ok["tests"] == 6
+    bad = st.verdict(st.homogeneity_tests(biased, plain, [0, 1, 2]))
+    assert not bad["passed"] and bad["worst"]["position"] == 1
+
+
+def test_one_token_everywhere_is_no_evidence(mods):
+    st, _ = mods
+    t = st.homogeneity_tests({"0": [[5, 5]] * 50}, {"0": [[5, 5]] * 40}, [0, 1])
+    assert [x["p"] for x in t] == [1.0, 1.0]
+    with pytest.raises(ValueError, match="no tests"):
+        st.verdict(st.homogeneity_tests({"0": [[1]]}, {"1": [[1]]}, [0]))
+
+
+def _write(path: Path, prompts: dict, **kw) -> str:
+    doc = {"kind": "engine-sampling", "temperature": 1.0, "max_tokens": 3, "target": "t",
+           "prompts": prompts, **kw}
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_compare_command_verdicts(mods, tmp_path, capsys):
+    _, gs = mods
+    plain = _write(tmp_path / "plain.json", {"0": completions(2000, 1)}, mode="plain")
+    tree = _write(tmp_path / "tree.json", {"0": completions(2000, 2)}, mode="tree")
+    bad = _write(tmp_path / "bad.json", {"0": completions(2000, 2, bias=0.06, at=2)},
+                 mode="tree")
+    gs.main(["compare", tree, plain, "--out", str(tmp_path / "v.json")])
+    assert "same distribution" in capsys.readouterr().out
+    assert json.loads((tmp_path / "v.json").read_text())["passed"] is True
+    with pytest.raises(SystemExit) as e:
+        gs.main(["compare", bad, plain])
+    assert e.value.code == 1 and "DIFFERENT" in capsys.readouterr().out
+    other = _write(tmp_path / "t0.json", {"0": completions(10, 1)}, mode="tree",
+                   temperature=0.5)
+    with pytest.raises(SystemExit, match="temperature"):
+        gs.main(["compare", other, plain])
+
+
+def test_run_refuses_greedy(mods, capsys):
+    _, gs = mods
+    with pytest.raises(SystemExit):
+        gs.parse_args(["run", "--engine", "sglang", "--mode", "tree", "--temperature", "0",
+                       "--out", "x.json"])
+    assert "--temperature must be > 0" in capsys.readouterr().err
