@@ -359,6 +359,15 @@ def engine_args(q) -> None:
     q.add_argument("--out", required=True, help="JSON file to write")
 
 
+def prompt_run_args(r, num_prompts: int, max_tokens: int) -> None:
+    """engine_args plus the pair and the prompts of a run over the fixture's dev prompts."""
+    engine_args(r)
+    r.add_argument("--target", default=str(FIX / "code-target"))
+    r.add_argument("--draft", default=str(FIX / "code-target-dflash-b16"))
+    r.add_argument("--num-prompts", type=int, default=num_prompts)
+    r.add_argument("--max-tokens", type=int, default=max_tokens)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -366,11 +375,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     r = sub.add_parser("run", help="one engine configuration over the prompts",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    engine_args(r)
-    r.add_argument("--target", default=str(FIX / "code-target"))
-    r.add_argument("--draft", default=str(FIX / "code-target-dflash-b16"))
-    r.add_argument("--num-prompts", type=int, default=32)
-    r.add_argument("--max-tokens", type=int, default=256)
+    prompt_run_args(r, num_prompts=32, max_tokens=256)
     r.add_argument("--warmup-tokens", type=int, default=32)
     r.add_argument("--waves", type=int, default=0, help="0: each prompt once per row; W: "
                    "max(prompts, W x concurrency) requests per row, prompts cycled")

@@ -30,7 +30,7 @@ checkout_first()  # this checkout's dflash_plugin (bench.engine_rows imports it)
 from bench.engine_report import parse_tp_args  # noqa: E402
 from bench.engine_rows import Sampling, start_engine, tau_of  # noqa: E402
 from bench.sampling_stats import homogeneity_tests, verdict  # noqa: E402
-from gpu_engines import FIX, engine_args, engine_spec, header, prompt_ids, write  # noqa: E402
+from gpu_engines import engine_spec, header, prompt_ids, prompt_run_args, write  # noqa: E402
 
 
 def cmd_run(args) -> None:
@@ -87,12 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="sample completions with one engine configuration",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    engine_args(r)
-    r.add_argument("--target", default=str(FIX / "code-target"))
-    r.add_argument("--draft", default=str(FIX / "code-target-dflash-b16"))
-    r.add_argument("--num-prompts", type=int, default=4)
+    prompt_run_args(r, num_prompts=4, max_tokens=6)
     r.add_argument("--samples", type=int, default=2000, help="completions per prompt")
-    r.add_argument("--max-tokens", type=int, default=6)
     r.add_argument("--temperature", type=float, default=1.0)
     r.add_argument("--concurrency", type=int, default=32)
     r.set_defaults(func=cmd_run)
