@@ -117,17 +117,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.common import checkout_first
 
 checkout_first()  # this checkout's dflash_plugin (bench.engine_rows imports it)
 
+from bench.engine_cli import (  # noqa: E402
+    FIX,
+    draft_of,
+    engine_args,
+    engine_spec,
+    header,
+    prompt_ids,
+    prompt_run_args,
+    tuned_config,
+    write,
+)
 from bench.engine_report import (  # noqa: E402
     add_report_commands,
     fmt,
@@ -139,10 +148,7 @@ from bench.engine_report import (  # noqa: E402
 )
 from bench.engine_rows import (  # noqa: E402
     SHAPES,
-    EngineSpec,
     Sampling,
-    engine_env,
-    gpu_name,
     shaped_model_dirs,
     start_engine,
     tau_of,
@@ -150,26 +156,10 @@ from bench.engine_rows import (  # noqa: E402
 from bench.kernel_trace import markdown, per_kernel, refusal  # noqa: E402
 from bench.round_cost import median, round_cost  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-FIX = ROOT / "examples" / "fixtures"
-
 
 def _p90(xs):
     xs = sorted(x for x in xs if x is not None)
     return xs[min(len(xs) - 1, int(0.9 * len(xs)))] if xs else None
-
-
-def prompt_ids(args) -> list[list[int]]:
-    """The first --num-prompts prompts as token ids, left-truncated so that prompt + new tokens
-    (+ one draft block) fit max-model-len."""
-    from transformers import AutoTokenizer
-
-    from dflash_plugin.training.data import load_prompts_jsonl
-
-    tok = AutoTokenizer.from_pretrained(args.target)
-    keep = args.max_model_len - args.max_tokens - args.num_spec_tokens - 8
-    prompts = load_prompts_jsonl(args.prompts)[: args.num_prompts]
-    return [tok(p).input_ids[-keep:] for p in prompts]
 
 
 def row_prompts(ids: list[list[int]], conc: int, waves: int) -> list[list[int]]:
@@ -179,61 +169,17 @@ def row_prompts(ids: list[list[int]], conc: int, waves: int) -> list[list[int]]:
     return [ids[i % len(ids)] for i in range(n)]
 
 
-def tuned_config(path: str) -> dict | None:
-    """The `--speculative-config` a `dflash tune --engine vllm` report recommends for a mixed
-    load: its per-batch-size table (a fixed config when one k fits all; None = plain)."""
-    return json.loads(Path(path).read_text())["vllm"]["speculative_config_table"]
-
-
-def engine_spec(args, target: str, draft: str | None, **kw) -> EngineSpec:
-    if getattr(args, "mode", None) == "tree":
-        if args.engine != "sglang":
-            sys.exit("--mode tree needs --engine sglang (vLLM has no tree verification hook)")
-        kw["tree_topk"] = args.tree_topk
-        kw["draft_attention_backend"] = args.draft_attention_backend
-        if os.environ.get("DFLASH_TREE_PROFILE"):  # its lines log at info (Engine's: error)
-            kw["log_level"] = "info"
-    if getattr(args, "attention_backend", None):
-        kw["attention_backend"] = args.attention_backend
-    if getattr(args, "mode", None) == "tuned":
-        kw["speculative_config"] = tuned_config(args.tuned)
-        draft = None if kw["speculative_config"] is None else draft
-    return EngineSpec(engine=args.engine, target=target, draft=draft,
-                      num_spec_tokens=args.num_spec_tokens, dtype=args.dtype,
-                      max_model_len=args.max_model_len, seed=args.seed,
-                      enforce_eager=args.enforce_eager, prefix_caching=args.prefix_caching,
-                      gpu_memory_utilization=args.gpu_memory_utilization,
-                      prefill_graphs=not args.no_prefill_graphs, tp=args.tp, **kw)
-
-
-def header(args, runner, kind: str) -> dict:
-    return {"kind": kind, "engine": args.engine, "engine_version": runner.version,
-            "mode": args.mode, "tp": args.tp, "dtype": args.dtype,
-            "num_spec_tokens": args.num_spec_tokens, "device": gpu_name(), "env": engine_env(),
-            **({"tree_topk": args.tree_topk} if args.mode == "tree" else {}),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "python": sys.version.split()[0]}
-
-
-def write(doc: dict, path: str) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, indent=1))
-
-
 def cmd_run(args) -> None:
     ids = prompt_ids(args)
     n_conc = max(args.concurrency)
     t0 = time.perf_counter()
-    spec_mode = args.mode in ("dflash", "tuned", "tree")
     if args.mode == "tuned" and (args.engine != "vllm" or not args.tuned):
         sys.exit("--mode tuned needs --engine vllm and --tuned REPORT.json (from dflash tune)")
-    runner = start_engine(engine_spec(args, args.target, args.draft if spec_mode else None,
-                                      max_seqs=n_conc))
+    runner = start_engine(engine_spec(args, args.target, draft_of(args), max_seqs=n_conc))
     doc = header(args, runner, "engine-run")
     if args.mode == "tuned":
         doc["speculative_config"] = tuned_config(args.tuned)
-    doc.update(target=args.target, draft=args.draft if spec_mode else None,
+    doc.update(target=args.target, draft=draft_of(args),
                num_prompts=len(ids), max_tokens=args.max_tokens, prefix_caching=args.prefix_caching,
                prompt_tokens=[len(p) for p in ids], startup_s=time.perf_counter() - t0, rows=[],
                complete=False)
@@ -327,45 +273,6 @@ def cmd_report(args) -> None:
     if args.out_png:
         print(render_plot([d for d in docs if d.get("kind") == "engine-run"
                            and d.get("mode") != "tuned"], args.out_png))
-
-
-def engine_args(q) -> None:
-    """The engine options every subcommand takes (also `gpu_sampling.py`'s)."""
-    q.add_argument("--engine", choices=("vllm", "sglang"), required=True)
-    q.add_argument("--mode", choices=("plain", "dflash", "tuned", "tree"), required=True,
-                   help="tuned (vLLM): the --speculative-config of a dflash tune report; "
-                   "tree (SGLang): our DFLASH_TREE, node budget --num-spec-tokens")
-    q.add_argument("--tree-topk", type=int, default=4, help="--mode tree: top-K per depth")
-    q.add_argument("--draft-attention-backend", choices=("flashinfer", "fa3", "triton"),
-                   help="--mode tree: the drafter's (default: the target's, flashinfer)")
-    q.add_argument("--attention-backend", choices=("flashinfer", "fa3", "triton"),
-                   help="SGLang: target and drafter (--mode tree: flashinfer; fa3 needs "
-                   "--tree-topk > 1)")
-    q.add_argument("--tuned", default=None, help="dflash tune report JSON (--mode tuned)")
-    q.add_argument("--prompts", default=str(FIX / "dev-prompts.jsonl"))
-    q.add_argument("--dtype", default="bfloat16")
-    q.add_argument("--num-spec-tokens", type=int, default=15, help="draft tokens per round")
-    q.add_argument("--max-model-len", type=int, default=4096)
-    q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--enforce-eager", action="store_true",
-                   help="no CUDA graphs (vLLM enforce_eager, SGLang disable_cuda_graph)")
-    q.add_argument("--prefix-caching", action="store_true")
-    q.add_argument("--no-prefill-graphs", action="store_true",
-                   help="SGLang: no prefill CUDA graphs (decode graphs stay)")
-    q.add_argument("--gpu-memory-utilization", type=float, default=None,
-                   help="vLLM gpu_memory_utilization / SGLang mem_fraction_static")
-    q.add_argument("--tp", type=int, default=1,
-                   help="tensor-parallel GPUs (vLLM tensor_parallel_size, SGLang tp_size)")
-    q.add_argument("--out", required=True, help="JSON file to write")
-
-
-def prompt_run_args(r, num_prompts: int, max_tokens: int) -> None:
-    """engine_args plus the pair and the prompts of a run over the fixture's dev prompts."""
-    engine_args(r)
-    r.add_argument("--target", default=str(FIX / "code-target"))
-    r.add_argument("--draft", default=str(FIX / "code-target-dflash-b16"))
-    r.add_argument("--num-prompts", type=int, default=num_prompts)
-    r.add_argument("--max-tokens", type=int, default=max_tokens)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -27,20 +27,26 @@ from bench.common import checkout_first
 
 checkout_first()  # this checkout's dflash_plugin (bench.engine_rows imports it)
 
+from bench.engine_cli import (  # noqa: E402
+    draft_of,
+    engine_spec,
+    header,
+    prompt_ids,
+    prompt_run_args,
+    write,
+)
 from bench.engine_report import parse_tp_args  # noqa: E402
 from bench.engine_rows import Sampling, start_engine, tau_of  # noqa: E402
 from bench.sampling_stats import homogeneity_tests, verdict  # noqa: E402
-from gpu_engines import engine_spec, header, prompt_ids, prompt_run_args, write  # noqa: E402
 
 
 def cmd_run(args) -> None:
     ids = prompt_ids(args)
-    spec_mode = args.mode in ("dflash", "tuned", "tree")
     t0 = time.perf_counter()
-    runner = start_engine(engine_spec(args, args.target, args.draft if spec_mode else None,
+    runner = start_engine(engine_spec(args, args.target, draft_of(args),
                                       max_seqs=args.concurrency))
     doc = header(args, runner, "engine-sampling")
-    doc.update(target=args.target, draft=args.draft if spec_mode else None,
+    doc.update(target=args.target, draft=draft_of(args),
                temperature=args.temperature, max_tokens=args.max_tokens,
                samples=args.samples, startup_s=time.perf_counter() - t0, prompts={})
     reqs = [p for p in ids for _ in range(args.samples)]  # [prompts x samples]
