@@ -7,12 +7,15 @@ dev prompts (temperature --temperature, top-p 1, EOS ignored, no per-request see
 honours seeds only in deterministic mode), --concurrency requests in flight. `compare A B`
 tests, per prompt and position, whether the token's distribution is the same in both runs
 (`bench.sampling_stats`: chi-square homogeneity, Bonferroni at --alpha); run it against a plain
-run for the verdict and plain against plain for the test's own false-positive rate.
+run for the verdict and plain against plain for the test's own false-positive rate (the second
+plain run with another --seed: runs that share a seed and a request order can replay the same
+random numbers, and `compare` exits 2 when two runs agree in order more often than chance).
 
     python benchmarks/gpu_sampling.py run --engine sglang --mode plain --out /tmp/s/plain.json
     python benchmarks/gpu_sampling.py run --engine sglang --mode tree --num-spec-tokens 32 \
         --attention-backend fa3 --out /tmp/s/tree.json
     python benchmarks/gpu_sampling.py compare /tmp/s/tree.json /tmp/s/plain.json   # CPU
+    python benchmarks/gpu_sampling.py calibrate /tmp/s/plain.json   # CPU: false positives
 """
 
 from __future__ import annotations
@@ -37,7 +40,12 @@ from bench.engine_cli import (  # noqa: E402
 )
 from bench.engine_report import parse_tp_args  # noqa: E402
 from bench.engine_rows import Sampling, start_engine, tau_of  # noqa: E402
-from bench.sampling_stats import homogeneity_tests, verdict  # noqa: E402
+from bench.sampling_stats import (  # noqa: E402
+    coincidences,
+    homogeneity_tests,
+    split_calibration,
+    verdict,
+)
 
 
 def cmd_run(args) -> None:
@@ -48,7 +56,7 @@ def cmd_run(args) -> None:
     doc = header(args, runner, "engine-sampling")
     doc.update(target=args.target, draft=draft_of(args),
                temperature=args.temperature, max_tokens=args.max_tokens,
-               samples=args.samples, startup_s=time.perf_counter() - t0, prompts={})
+               samples=args.samples, seed=args.seed, startup_s=time.perf_counter() - t0, prompts={})
     reqs = [p for p in ids for _ in range(args.samples)]  # [prompts x samples]
     sampling = Sampling(args.temperature, args.max_tokens, None)
     runner.run(reqs[: args.concurrency], [Sampling(args.temperature, 4, None)] *
@@ -75,16 +83,36 @@ def cmd_compare(args) -> None:
     positions = list(range(min(a["max_tokens"], b["max_tokens"])))
     tests = homogeneity_tests(a["prompts"], b["prompts"], positions, args.min_count)
     v = verdict(tests, args.alpha)
+    same = coincidences(a["prompts"], b["prompts"], args.alpha)
     doc = {"a": args.a, "b": args.b, "mode_a": a.get("mode"), "mode_b": b.get("mode"),
-           "tau_a": a.get("tau"), "tau_b": b.get("tau"), **v, "all": tests}
+           "tau_a": a.get("tau"), "tau_b": b.get("tau"), **v, "coincidences": same,
+           "all": tests}
     if args.out:
         write(doc, args.out)
     w = v["worst"]
     print(f"{a.get('mode')} vs {b.get('mode')}: {v['tests']} tests, smallest p {v['min_p']:.3g} "
           f"(prompt {w['prompt']}, position {w['position']}, {w['columns']} columns) against "
           f"{v['threshold']:.3g}: {'same distribution' if v['passed'] else 'DIFFERENT'}")
+    if not same["independent"]:
+        worst = min(same["prompts"], key=lambda r: r["p"])
+        print(f"NOT INDEPENDENT: prompt {worst['prompt']}: {worst['equal_in_order']} completions "
+              f"equal in order against {worst['expected']:.0f} by chance; the tests above "
+              "assume independent runs (start the second engine with another --seed)")
+        sys.exit(2)
     if not v["passed"]:
         sys.exit(1)
+
+
+def cmd_calibrate(args) -> None:
+    run = json.loads(Path(args.run).read_text())
+    doc = {"run": args.run, "mode": run.get("mode"),
+           **split_calibration(run["prompts"], list(range(run["max_tokens"])), args.splits,
+                               args.alpha, args.min_count)}
+    if args.out:
+        write(doc, args.out)
+    print(f"{doc['mode']}: {doc['failed']} of {doc['splits']} random halvings fail at "
+          f"family-wise {doc['alpha']:g} ({doc['tests']} tests each); median smallest p "
+          f"{doc['median_min_p']:.3g} (uniform p-values: {doc['median_min_p_uniform']:.3g})")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -106,6 +134,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="tokens drawn fewer times in both runs together are pooled")
     c.add_argument("--out", default=None, help="JSON with every test")
     c.set_defaults(func=cmd_compare)
+    k = sub.add_parser("calibrate", help="false-positive rate: random halves of one run tested "
+                       "against each other", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    k.add_argument("run")
+    k.add_argument("--splits", type=int, default=100)
+    k.add_argument("--alpha", type=float, default=0.01, help="family-wise (Bonferroni)")
+    k.add_argument("--min-count", type=int, default=10)
+    k.add_argument("--out", default=None)
+    k.set_defaults(func=cmd_calibrate)
     args = parse_tp_args(p, argv)
     if args.command == "run" and not args.temperature > 0:
         p.error(f"--temperature must be > 0 (greedy runs: gpu_engines.py), got {args.temperature}")

@@ -100,6 +100,39 @@ def test_compare_command_verdicts(mods, tmp_path, capsys):
         gs.main(["compare", other, plain])
 
 
+def test_runs_that_replay_one_random_stream_are_not_independent(mods, tmp_path, capsys):
+    """Two runs of one distribution where 30 % of the second run's completions repeat the
+    first's in order (a shared seed): the chi-square tests pass, `coincidences` does not, and
+    `compare` exits 2; independent runs of the same distribution are independent."""
+    st, gs = mods
+    first, other = completions(2000, 1), completions(2000, 2)
+    replay = [u if i % 10 < 3 else v for i, (u, v) in enumerate(zip(first, other))]
+    same = st.coincidences({"0": replay}, {"0": first})
+    assert not same["independent"]
+    row = same["prompts"][0]
+    assert row["equal_in_order"] > 600 and 20 < row["expected"] < 60
+    assert st.coincidences({"0": other}, {"0": first})["independent"]
+    a = _write(tmp_path / "a.json", {"0": first}, mode="plain")
+    b = _write(tmp_path / "b.json", {"0": replay}, mode="plain")
+    with pytest.raises(SystemExit) as e:
+        gs.main(["compare", b, a])
+    out = capsys.readouterr().out
+    assert e.value.code == 2 and "same distribution" in out and "NOT INDEPENDENT" in out
+
+
+def test_calibrate_halves_of_one_run(mods, tmp_path, capsys):
+    """Random halves of one run's completions are one distribution: (almost) no split fails,
+    and the median smallest p-value is near the uniform one's."""
+    st, gs = mods
+    one = {"0": completions(2000, 1), "1": completions(2000, 2)}
+    cal = st.split_calibration(one, [0, 1, 2], splits=20)
+    assert cal["failed"] <= 1 and cal["tests"] == 6 and cal["median_min_p"] > 0.01
+    path = _write(tmp_path / "one.json", one, mode="plain")
+    gs.main(["calibrate", path, "--splits", "10", "--out", str(tmp_path / "c.json")])
+    assert "of 10 random halvings fail" in capsys.readouterr().out
+    assert json.loads((tmp_path / "c.json").read_text())["splits"] == 10
+
+
 def test_run_refuses_greedy(mods, capsys):
     _, gs = mods
     with pytest.raises(SystemExit):

@@ -43,7 +43,8 @@ step engines-dflash-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang
 #     python benchmarks/gpu_sampling.py compare $R/gpu-sampling/tree-fa3.json $R/gpu-sampling/plain.json
 for m in plain plain2 tree-fa3 tree dflash; do
   case $m in
-    plain|plain2) a=(--mode plain) ;;
+    plain) a=(--mode plain) ;;
+    plain2) a=(--mode plain --seed 1) ;;  # same seed and order: the same random numbers
     tree-fa3) a=(--mode tree --num-spec-tokens 32 --attention-backend fa3) ;;
     tree) a=(--mode tree --num-spec-tokens 32 --draft-attention-backend fa3) ;;
     dflash) a=(--mode dflash) ;;
