@@ -6,9 +6,9 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-04 (most wanted first): STEPS="adaptive-8b sampling-plain sampling-plain2
-#   sampling-tree-fa3 sampling-tree sampling-dflash fa3tree-t1 engines-dflash-t1 adaptive-q1
-#   adaptive lateseq-check engines-tree32-lateseq"
+# Owed as of 2026-12-04 evening (most wanted first): STEPS="sampling-plain2 adaptive-q1 adaptive
+#   lateseq-check engines-tree32-lateseq" (sampling-plain2 beside a fresh sampling-plain: the
+#   first plain2 shared plain's seed and replayed its random numbers)
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
