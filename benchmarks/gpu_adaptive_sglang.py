@@ -1,6 +1,7 @@
 """Issue 20 in SGLang: one DFLASH_ADAPTIVE server (block length chosen per step) beside plain
-serving and fixed DFLASH (k = 15), at 1, 4, 8, 16, 32, 64 concurrent requests, greedy, on the
-bundled pair (GPU only: SGLang runs DFLASH on CUDA only).
+serving and fixed DFLASH (k = 15), at 1, 4, 8, 16, 32, 64 concurrent requests (greedy; with
+`--temperature T` the timed rows sample at T, the identity check of the outputs stays greedy),
+on the bundled pair (GPU only: SGLang runs DFLASH on CUDA only).
 
 Per mode one `sglang.Engine` in its own process (`run --mode M` writes `M.json`; `all` runs the
 modes in turn, an engine that fails is recorded and the next still runs): the cells of
@@ -109,15 +110,17 @@ def run_mode(args, mode: str) -> dict:
                                 args.max_new_tokens)
             return {"mode": mode, "start_s": started, "rows": rows, "config": str(args.config)}
         cells = measure_engine(engine, LABEL_K[mode], ids, args.concurrency,
+                               temperature=args.temperature,
                                max_new_tokens=args.max_new_tokens, waves=args.waves,
                                min_requests=args.min_requests, min_seconds=args.min_seconds,
                                warmup_tokens=8, log=lambda m: print(m, flush=True))
-        outs = closed_loop(engine, ids[:16], args.max_new_tokens, 4)
+        outs = closed_loop(engine, ids[:16], args.max_new_tokens, 4)  # greedy: identity
         trace = [trace_phase(engine, ids, c, n, args.max_new_tokens)
                  for c, n in args.trace or []]
     finally:
         engine.shutdown()
-    return {"mode": mode, "start_s": started, "cells": [asdict(c) for c in cells],
+    return {"mode": mode, "start_s": started, "temperature": args.temperature,
+            "cells": [asdict(c) for c in cells],
             "outputs": [o.token_ids for o in outs], "config": str(args.config),
             "trace": trace}
 
@@ -166,6 +169,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                     default=[1, 4, 8, 16, 32, 64])
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="the timed rows' (top-p 1); the identity check stays greedy")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--shape", choices=["qwen3-8b"], help="random weights at this shape")
     ap.add_argument("--load-format", help=argparse.SUPPRESS)  # set for the children by --shape
@@ -179,6 +184,8 @@ def main() -> None:
                     help="a moving load after the rows, on the same server: CxN phases "
                          "(N requests, C at a time), e.g. 1x16,64x512,4x64,32x256,1x16")
     args = ap.parse_args()
+    if not args.temperature >= 0:
+        ap.error(f"--temperature must be >= 0, got {args.temperature}")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.cmd == "report":
         return report(args.out)

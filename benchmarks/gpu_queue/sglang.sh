@@ -6,8 +6,8 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-04 evening (most wanted first): STEPS="sampling-plain2 adaptive-q1 adaptive
-#   lateseq-check engines-tree32-lateseq" (sampling-plain2 beside a fresh sampling-plain: the
+# Owed as of 2026-12-04 evening (most wanted first): STEPS="sampling-plain2 adaptive-t1 adaptive-q1
+#   adaptive lateseq-check engines-tree32-lateseq" (sampling-plain2 beside a fresh sampling-plain: the
 #   first plain2 shared plain's seed and replayed its random numbers)
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
@@ -133,6 +133,11 @@ step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
 step adaptive 900 python3 benchmarks/gpu_adaptive_sglang.py all --out "$R/gpu-adaptive-sglang" \
     --config benchmarks/results/gpu-engines/tune-sglang.json \
     --trace 1x16,64x512,4x64,32x256,1x16
+# 2b'. the same three servers timed at T = 1 (never run: DFLASH's sampled verify with q = 1 is
+#     new ground for the worker), fixture, dev prompts
+step adaptive-t1 900 python3 benchmarks/gpu_adaptive_sglang.py all --temperature 1 \
+    --concurrency 1,4,16,64 --out "$R/gpu-adaptive-sglang-t1" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
 # 2c. what a plain step costs inside the DFLASH worker (every step q = 1) beside SGLang's plain
 step adaptive-q1 600 python3 benchmarks/gpu_adaptive_sglang.py all --modes plain,adaptive-q1 \
     --out "$R/gpu-adaptive-sglang-q1" --config benchmarks/results/gpu-engines/tune-sglang.json
