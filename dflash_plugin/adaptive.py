@@ -113,7 +113,9 @@ class AdaptiveConfig:
     probe_every: after at least this many rounds shorter than the longest measured q (plain
     rounds included), one round at that longest q, so a batch whose drafts started to pass, or
     pass further than the rounds verify, is noticed (0: never); probes come further apart when
-    needed to cost at most probe_overhead of those rounds' time.
+    needed to cost at most probe_overhead of those rounds' time. probe_backoff: each probe
+    after which the choice stays where it was doubles the spacing of the next, up to
+    2 ** probe_backoff times (0: fixed spacing); a change of the choice restores it.
     plain_context: plain rounds also write the drafter's context (default; False: a plain round
     costs a plain step, but drafts after a plain stretch see stale context there, so probes
     accept less and the policy can stay plain where speculation pays: measured on the H200,
@@ -127,6 +129,7 @@ class AdaptiveConfig:
     reads_every: int = 16
     probe_every: int = 16
     probe_overhead: float = 0.05
+    probe_backoff: int = 0
     plain_context: bool = True
     forced: int | Callable[[int], int] | None = None
 
@@ -139,6 +142,8 @@ class AdaptiveConfig:
         require(self.probe_every >= 0, "probe_every", f"must be >= 0, got {self.probe_every}")
         require(0 < self.probe_overhead <= 1, "probe_overhead",
                 f"must be in (0, 1], got {self.probe_overhead}")
+        require(0 <= self.probe_backoff <= 16, "probe_backoff",
+                f"must be in [0, 16], got {self.probe_backoff}")
         require(self.forced is None or callable(self.forced) or (
             isinstance(self.forced, int) and self.forced >= 1), "forced",
             f"a block length >= 1 or a function of the decision index, got {self.forced!r}")
@@ -161,16 +166,20 @@ class BlockPolicy:
         self.decisions = 0
         self.probe_len = 1  # rounds per probe (ServerPolicy: 2, see StepClock)
         self.short_rounds = 0  # rounds since the last one at probe_q (plain ones included)
+        self.quiet = 0  # probes since the choice last moved (spacing x 2 ** quiet)
+        self._last_q = None  # the choice at the previous decision
         longer = [q for q in self.round_ms if q > 1]
         self.probe_q = max(longer) if len(self.round_ms) > 1 and longer else None
 
     def spacing(self, q: int) -> int:
         """Rounds at q between probes at probe_q: probe_every, or more where a probe (of
-        `probe_len` rounds) costs over probe_overhead of those rounds' time (0: never)."""
+        `probe_len` rounds) costs over probe_overhead of those rounds' time (0: never); times
+        2 ** quiet (`probe_backoff`)."""
         if not self.cfg.probe_every or not self.probe_q or q >= self.probe_q:
             return 0
         extra = self.probe_len * (self.round_ms[self.probe_q] / self.round_ms[q] - 1)
-        return max(self.cfg.probe_every, math.ceil(extra / self.cfg.probe_overhead))
+        base = max(self.cfg.probe_every, math.ceil(extra / self.cfg.probe_overhead))
+        return base << self.quiet
 
     def observe_round(self, drafted: int, accepted: list[int]) -> None:
         self.survival.observe_round(drafted, accepted)
@@ -187,8 +196,11 @@ class BlockPolicy:
                     f"block length in [1, {self.max_q}] (block_size), got {q!r}")
             return q, self.cfg.reads_every
         q = best_block(self.round_ms, self.survival.values())
+        if q != self._last_q:  # the choice moved: probes at their base spacing again
+            self.quiet, self._last_q = 0, q
         every = self.spacing(q)  # a shorter q leaves the longer drafts unobserved: probe them
         if every and self.short_rounds >= every:
+            self.quiet = min(self.quiet + 1, self.cfg.probe_backoff)  # undone if q moves
             return self.probe_q, 1
         most = self.cfg.reads_every if q > 1 else 1 << 30
         if i == 0 and q > 1:  # the first choice rests on the prior alone: read back soon

@@ -26,8 +26,11 @@ NAME = "DFLASH_ADAPTIVE"
 FLAG = "speculative_adaptive_config"
 # the server's policy: probes (two steps each, `adaptive.StepClock`) at most 1 % of the plain
 # steps' time: a plain step inside DFLASH's worker already costs 2-4 % over SGLang's own at the
-# Qwen3-8B shape (H200, 2026-12-03), so probes at 3 % put the goal (0.97x) out of reach
-SERVER_CONFIG = AdaptiveConfig(probe_overhead=0.01)
+# Qwen3-8B shape (H200, 2026-12-03), so probes at 3 % put the goal (0.97x) out of reach; and
+# each probe that leaves the choice where it was doubles the next one's spacing, up to 4x
+# (0.25 %): on the H200 the 1 % probes were about half of what kept the server at 0.95x plain
+# (2026-12-04), the plain step inside the worker the rest
+SERVER_CONFIG = AdaptiveConfig(probe_overhead=0.01, probe_backoff=2)
 PROBE_STEPS = 2
 
 

@@ -274,3 +274,36 @@ def test_adaptive_bad_input(code_pair, runs):
             measure_round_ms(dec4, bad)
     with pytest.raises(ConfigError, match="candidates.*drafter"):
         measure_round_ms(plain, [1, 4])
+
+
+def test_probes_that_change_nothing_come_further_apart():
+    """probe_backoff 2: nothing passes, so each probe leaves the choice at plain and the next
+    comes twice as far, up to 4x the base spacing (10 rounds: a probe costs one plain round,
+    10 % allowed); once drafts pass the choice moves to the longest q, and back at plain the
+    probes start again at the base spacing."""
+    costs = {1: 1.0, 16: 2.0}
+    cfg = AdaptiveConfig(probe_every=4, probe_overhead=0.1, probe_backoff=2)
+    policy = BlockPolicy(cfg, costs, max_q=16, positions=15)
+    passing = False
+
+    def serve(n):
+        rounds = []
+        while len(rounds) < n:
+            q, most = policy.choose()
+            for _ in range(min(most, n - len(rounds))):
+                rounds.append(q)
+                policy.observe_round(q - 1, [q - 1 if passing else 0])
+        return "".join("x" if q == 16 else "." for q in rounds)
+
+    for _ in range(10):
+        policy.observe_round(15, [0])  # nothing passes: plain
+    rounds = serve(250)
+    probes = [i for i, r in enumerate(rounds) if r == "x"]
+    assert [b - a for a, b in zip([-1] + probes, probes)][:5] == [11, 21, 41, 41, 41]
+    assert BlockPolicy(AdaptiveConfig(probe_every=4, probe_overhead=0.1), costs, 16,
+                       15).spacing(1) == 10  # without backoff: every 10 rounds
+    passing = True
+    assert serve(100).endswith("x" * 50) and policy.quiet == 0
+    passing = False
+    rounds = serve(300).lstrip("x")  # the drafts stop passing: back to plain
+    assert rounds.startswith("." * 10 + "x" + "." * 20 + "x")  # base spacing again, doubling

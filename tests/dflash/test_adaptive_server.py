@@ -2,6 +2,7 @@
 nearest measured concurrency of a batch size, step times from a `dflash tune` report
 (`engines.sglang_adaptive.step_times`), live step times, shared survival, probes."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -314,13 +315,15 @@ def test_step_clock_learns_true_step_times_in_an_overlapped_schedule():
     assert qs[-1000:].count(1) >= 960  # probes: 2 steps of 16 per >= 134 plain ones
 
 
-def test_server_probes_cost_at_most_one_percent_when_nothing_passes():
+@pytest.mark.parametrize("backoff, most", [(0, 0.01), (SERVER_CONFIG.probe_backoff, 0.003)])
+def test_server_probes_cost_at_most_one_percent_when_nothing_passes(backoff, most):
     """The server's own policy (SERVER_CONFIG, PROBE_STEPS) at the Qwen3-8B shape's batch-1
     times (plain 5.3 ms, q = 16 6.5 ms; H200), nothing accepted: once its times are learned,
-    probes add <= 1 % to the plain steps' time (3 % before: 2.45 % here)."""
+    probes add <= 1 % to the plain steps' time (3 % before: 2.45 % here), and with the
+    server's backoff (probes that change nothing come up to 4x further apart) <= 0.3 %."""
     gpu = {1: 5.3, 16: 6.5}
-    policy = ServerPolicy(SERVER_CONFIG, {64: {1: 5.0, 16: 5.0}}, max_q=16,
-                          probe_steps=PROBE_STEPS)
-    tail = _overlapped_server(policy, gpu, 3000)[-2000:]
+    cfg = dataclasses.replace(SERVER_CONFIG, probe_backoff=backoff)
+    policy = ServerPolicy(cfg, {64: {1: 5.0, 16: 5.0}}, max_q=16, probe_steps=PROBE_STEPS)
+    tail = _overlapped_server(policy, gpu, 6000)[-4000:]
     extra = sum(gpu[q] - gpu[1] for q in tail) / sum(gpu[1] for _ in tail)
-    assert 0 < extra <= 0.01
+    assert 0 < extra <= most
