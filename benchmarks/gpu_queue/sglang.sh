@@ -6,8 +6,9 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-04 evening (most wanted first): STEPS="sampling-plain2 adaptive-t1 adaptive-q1
-#   adaptive lateseq-check engines-tree32-lateseq" (sampling-plain2 beside a fresh sampling-plain: the
+# Owed as of 2026-12-04 evening (most wanted first): STEPS="sampling-plain sampling-plain2 fa3tree8-t1
+#   fa3tree16-t1 fa3tree-t1 engines-dflash-t1 adaptive-8b adaptive-t1 adaptive-q1 adaptive
+#   lateseq-check engines-tree32-lateseq" (sampling-plain2 beside a fresh sampling-plain: the
 #   first plain2 shared plain's seed and replayed its random numbers)
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
@@ -36,6 +37,13 @@ step kernels-tree-fa3-8b 400 python3 benchmarks/gpu_engines.py round-cost --engi
 step fa3tree-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
     --num-spec-tokens 32 --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 \
     --temperatures 1 --out "$E/sglang-tree32-fa3-t1.json"
+# 0t1b. smaller trees at T = 1: the walk's tau hardly grows past 8 nodes there (reference loop,
+#      CPU: 2.01-2.05 over 8-256 nodes), so a narrower verify may beat 32 nodes' 1.08x DFLASH
+for n in 8 16; do
+  step fa3tree$n-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
+      --num-spec-tokens $n --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 \
+      --temperatures 1 --out "$E/sglang-tree$n-fa3-t1.json"
+done
 step engines-dflash-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode dflash \
     --no-prefill-graphs --temperatures 1 --concurrency 1 4 8 --out "$E/sglang-dflash-t1.json"
 # 0s. lossless at T = 1, by statistics: 4 prompts x 2,000 sampled completions of 6 tokens per
