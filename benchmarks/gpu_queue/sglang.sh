@@ -7,7 +7,7 @@
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
 # Owed as of 2026-12-04 evening (most wanted first): STEPS="sampling-plain sampling-plain2 fa3tree8-t1
-#   fa3tree16-t1 fa3tree-t1 engines-dflash-t1 adaptive-8b adaptive-t1 adaptive-q1 adaptive
+#   fa3tree16-t1 fa3tree-t1 engines-dflash-t1 adaptive-8b adaptive-8b-defer adaptive-t1 adaptive-q1 adaptive
 #   lateseq-check engines-tree32-lateseq" (sampling-plain2 beside a fresh sampling-plain: the
 #   first plain2 shared plain's seed and replayed its random numbers)
 set -u
@@ -128,6 +128,12 @@ done
 #     0.958 / 0.950 / 0.965 / 0.533x, at 64 one bad plain sample: `cap_plain` since, re-run)
 step adaptive-8b 600 python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b \
     --modes plain,adaptive --concurrency 1,4,16,64 --out "$R/gpu-adaptive-sglang-8b" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
+# 1b. the same with the q = 1 steps' drafter-context appends held and written together
+#     (DFLASH_ADAPTIVE_DEFER_APPEND, never run on a GPU); compare with adaptive-8b's rows
+step adaptive-8b-defer 600 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 python3 \
+    benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b --modes plain,adaptive \
+    --concurrency 1,4,16,64 --out "$R/gpu-adaptive-sglang-8b-defer" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 # 2. issue 20 in SGLang: one engine per k, the best k per concurrency
 step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \

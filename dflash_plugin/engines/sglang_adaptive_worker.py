@@ -25,6 +25,8 @@ with the step's `[bs, q]` slots and commit lengths) replays one CUDA graph per (
 bucket), captured after `init_cuda_graphs` as DFLASH_TREE's append is (`sglang_tree_append`):
 eager, it was 0.36-0.89 ms of host time in every step on the H200 (2026-12-03 profile,
 BENCHMARKS.md). `DFLASH_TREE_GRAPHS=0` (or a failed capture, logged) keeps it eager.
+`DFLASH_ADAPTIVE_DEFER_APPEND=N` holds the q = 1 steps' appends (up to N tokens) and writes
+them in one call before anything reads or reuses those drafter slots (`sglang_adaptive_defer`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import torch
 
 from ..adaptive import ServerPolicy, StepClock
 from .sglang_adaptive import FLAG, NAME, PROBE_STEPS, SERVER_CONFIG, load_step_times
+from .sglang_adaptive_defer import DeferredAppend, capacity_from_env
 from .sglang_buckets import graphs_enabled
 from .sglang_tree_append import AppendStage, fused_workspaces
 from .sglang_tree_worker import _check_version
@@ -194,6 +197,9 @@ def worker_class() -> type:
             self._log_every = int(os.environ.get("DFLASH_ADAPTIVE_LOG_EVERY", "1000"))
             self._appends: dict[int, AppendStage] = {}  # q -> its decode append's graphs
             self._no_noise = None  # BlockEmbeddingSkipped (or False), at the first q = 1 step
+            held = capacity_from_env()  # q = 1 steps' drafter-context rows written late
+            self._held = DeferredAppend(held) if held else None
+            self._held_reqs = ()  # the batch's requests (ids) while rows are held
 
         def _runners(self):
             return {"target": self.target_worker.model_runner, "draft": self._draft_mr}
@@ -254,16 +260,33 @@ def worker_class() -> type:
                                                      positions, cache_loc_2d=None,
                                                      commit_lens=None):
             """A decode step's append (dense `[bs, q]` slots, commit lengths) through q's
-            graphs; a prefill's (neither given) and any other shape: DFLASH's, eager."""
+            graphs (q = 1 with DFLASH_ADAPTIVE_DEFER_APPEND: held, `_write_held`); a
+            prefill's (neither given) and any other shape: DFLASH's, eager."""
+            step = (cache_loc_2d is not None and commit_lens is not None
+                    and cache_loc_2d.ndim == 2 and int(cache_loc_2d.shape[1]) == self._q)
+            if (step and self._q == 1 and self._held is not None
+                    and int(cache_loc_2d.shape[0]) <= self._held.capacity):
+                bs = int(cache_loc_2d.shape[0])
+                if not self._held.fits(bs):
+                    self._write_held()
+                self._held.add(target_hidden.view(bs, -1), cache_loc_2d, positions)
+                return  # every row commits at q = 1 (no drafts): all of them are held
             stage = self._appends.get(self._q)
-            if (stage is None or cache_loc_2d is None or commit_lens is None
-                    or cache_loc_2d.ndim != 2 or int(cache_loc_2d.shape[1]) != self._q):
+            if stage is None or not step:
                 return super()._append_target_hidden_to_draft_kv_by_loc(
                     target_hidden=target_hidden, cache_loc=cache_loc, positions=positions,
                     cache_loc_2d=cache_loc_2d, commit_lens=commit_lens)
             bs, q = (int(n) for n in cache_loc_2d.shape)
             stage.run(target_hidden.view(bs, q, -1),  # [bs, q, h] the step's target hidden
                       cache_loc_2d, positions.view(bs, q), commit_lens)
+
+        def _write_held(self) -> None:
+            """The held q = 1 rows through DFLASH's own append, in one call."""
+            got = self._held.take() if self._held is not None else None
+            if got is not None:
+                hidden, loc, pos = got
+                DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc(
+                    self, target_hidden=hidden, cache_loc=loc, positions=pos)
 
         def _use(self, q: int) -> None:
             if q == self._q:
@@ -282,9 +305,15 @@ def worker_class() -> type:
                           or batch.forward_mode.is_idle())
             if not (decode and self._states):
                 self._clock.reset()  # a prefill in between: no step time
+                self._write_held()  # its slots may be a finished request's
                 return super().forward_batch_generation(batch, on_publish=on_publish)
             bs, now = len(batch.seq_lens), time.perf_counter()
             q = self.policy.choose(bs)
+            if self._held is not None:
+                reqs = tuple(map(id, getattr(batch, "reqs", ()) or ()))
+                if q > 1 or reqs != self._held_reqs or not reqs:
+                    self._write_held()  # the drafter reads them / their slots may be freed
+                self._held_reqs = reqs
             if sample := self._clock.launch(now, bs, q):
                 self.policy.timed(*sample)
             self._use(q)
