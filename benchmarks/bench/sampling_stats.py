@@ -12,7 +12,7 @@ the drafter's tokens, or drops the residual's mass) moves these marginals.
 The tests assume the two runs are independent draws. Two engines started with the same random
 seed and fed the same requests in the same order can replay the same random numbers (SGLang's
 plain sampler does: two plain runs of 2,000 completions agreed in order on 1,286 of a prompt's
-2,000 against 62 by chance), and correlated runs pass whatever their distributions.
+2,000 against 63 by chance), and correlated runs pass whatever their distributions.
 `coincidences` counts completions equal in order against the number independence predicts.
 """
 
