@@ -6,10 +6,12 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-04 evening (most wanted first): STEPS="sampling-plain sampling-plain2 fa3tree8-t1
-#   fa3tree16-t1 fa3tree-t1 engines-dflash-t1 adaptive-8b adaptive-8b-defer adaptive-t1 adaptive-q1 adaptive
-#   lateseq-check engines-tree32-lateseq" (sampling-plain2 beside a fresh sampling-plain: the
-#   first plain2 shared plain's seed and replayed its random numbers)
+# Owed as of 2026-12-04 night (most wanted first): STEPS="stage fastaccept-check fa3tree
+#   fa3tree-fastaccept kernels-tree-fa3-fastaccept-8b engines-dflash-fa sampling-plain
+#   sampling-plain2 fa3tree8-t1 fa3tree16-t1 fa3tree-t1 engines-dflash-t1 adaptive-8b
+#   adaptive-8b-defer adaptive-t1 adaptive-q1 adaptive lateseq-check engines-tree32-lateseq"
+#   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
+#   replayed its random numbers)
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -21,7 +23,8 @@ E=$R/gpu-engines
 # 1. the tree phase's CUDA graphs (one per batch bucket, `warm`) equal the eager phase (no engine;
 #    seconds); if not, the later tree steps run the eager tree phase (DFLASH_TREE_GRAPHS=0)
 step stage 120 python3 -m pytest -q -m gpu tests/engines/test_sglang_tree_stage.py \
-    tests/engines/test_sglang_tree_append.py -p no:cacheprovider
+    tests/engines/test_sglang_tree_append.py tests/engines/test_sglang_tree_accept.py \
+    -p no:cacheprovider
 grep -q "^stage rc=[1-9]" "$R/queue.log" && { export DFLASH_TREE_GRAPHS=0; echo "tree graphs off" | tee -a "$R/queue.log"; }
 # 0. DFLASH_TREE with fa3 as the target's backend too (`--attention-backend fa3`): the tree
 #    verified by fa3's top-K > 1 cascade, no backend that asks the scheduler for host lengths.
@@ -33,6 +36,26 @@ step fa3tree 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tr
 step kernels-tree-fa3-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang \
     --mode tree --num-spec-tokens 32 --attention-backend fa3 --no-prefill-graphs \
     --shape qwen3-8b --kernel-trace /tmp/traces/tree-fa3 --out "$E/kernels-sglang-tree-fa3-8b.json"
+# 0fa. the greedy acceptance, both KV moves and the drafter append in one graph per bucket
+#      (DFLASH_TREE_FAST_ACCEPT, not yet on a GPU): first `check` (every round also runs
+#      SGLang's eagle_sample on the same logits and raises on another acceptance), then the T = 0
+#      rows and the 8B round with it, then DFLASH's rows in the same session; margins on CPU:
+#      python benchmarks/greedy_margins.py --runs $E/sglang-tree32-fa3-fastaccept.json --out ...
+step fastaccept-check 400 env DFLASH_TREE_FAST_ACCEPT=check python3 benchmarks/gpu_engines.py \
+    run --engine sglang --mode tree --num-spec-tokens 32 --attention-backend fa3 \
+    --no-prefill-graphs --num-prompts 8 --max-tokens 64 --concurrency 1 4 --temperatures 0 \
+    --out "$E/sglang-tree32-fa3-fastaccept-check.json"
+step fa3tree-fastaccept 600 env DFLASH_TREE_FAST_ACCEPT=1 python3 benchmarks/gpu_engines.py \
+    run --engine sglang --mode tree --num-spec-tokens 32 --attention-backend fa3 \
+    --no-prefill-graphs --concurrency 1 4 8 --temperatures 0 \
+    --out "$E/sglang-tree32-fa3-fastaccept.json"
+step kernels-tree-fa3-fastaccept-8b 400 env DFLASH_TREE_FAST_ACCEPT=1 python3 \
+    benchmarks/gpu_engines.py round-cost --engine sglang --mode tree --num-spec-tokens 32 \
+    --attention-backend fa3 --no-prefill-graphs --shape qwen3-8b \
+    --kernel-trace /tmp/traces/tree-fa3-fastaccept \
+    --out "$E/kernels-sglang-tree-fa3-fastaccept-8b.json"
+step engines-dflash-fa 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode dflash \
+    --no-prefill-graphs --temperatures 0 --concurrency 1 4 8 --out "$E/sglang-dflash-fa.json"
 # 0t1. T = 1 with fa3 verifying the tree, then DFLASH at T = 1 in the same session
 step fa3tree-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
     --num-spec-tokens 32 --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 \

@@ -54,6 +54,16 @@ def append_kwargs(hid: torch.Tensor, loc: torch.Tensor, pos: torch.Tensor,
                 cache_loc_2d=loc, positions=pos.reshape(-1), commit_lens=commit)
 
 
+def drafter_input(worker) -> tuple[int, int, torch.dtype] | None:
+    """A DFLASH worker's running-request limit (`bucket_limit` of its server args) and what its
+    drafter's `fc` projects (the target hidden width and dtype); None when either is unknown."""
+    limit = bucket_limit(worker.server_args)
+    fc = getattr(worker.draft_model, "fc", None)
+    if not limit or fc is None:
+        return None
+    return limit, int(fc.in_features), fc.weight.dtype
+
+
 class AppendStage:
     """`run(hid, loc, pos, commit)` (`accepted_path`'s tensors) calls `append_fn(**kwargs)` over
     the batch's bucket; `keep()` names the workspaces `append_fn` uses but may reallocate later
@@ -77,14 +87,10 @@ class AppendStage:
         return sizes if self.graphs.enabled else []
 
     def warm_for(self, worker, depth1: int) -> list[int]:
-        """`warm` for a DFLASH worker: its running-request limit (`bucket_limit` of its server
-        args) and its drafter's `fc` (the target hidden width and dtype it projects); [] when
-        either is unknown (buckets are then captured on first use)."""
-        limit = bucket_limit(worker.server_args)
-        fc = getattr(worker.draft_model, "fc", None)
-        if not limit or fc is None:
-            return []
-        return self.warm(limit, depth1, int(fc.in_features), fc.weight.dtype)
+        """`warm` for a DFLASH worker (`drafter_input`); [] when that is unknown (buckets are
+        then captured on first use)."""
+        known = drafter_input(worker)
+        return [] if known is None else self.warm(known[0], depth1, *known[1:])
 
     def run(self, hid: torch.Tensor,  # [bs, D+1, h] the accepted path's target hidden states
             loc: torch.Tensor,  # [bs, D+1] int64 their KV slots

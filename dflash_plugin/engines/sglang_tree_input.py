@@ -32,6 +32,8 @@ class TreeVerifyTensors:
     anc: torch.Tensor  # [bs, W, W] bool, ancestor-or-self (the mask's tree part)
     draft_token_num: int  # W
     max_tree_depth: int  # D + 1: the accept_index width (path incl. the root)
+    parents: torch.Tensor | None = None  # [bs, W] long tree index of each parent (root: 0)
+    depths: torch.Tensor | None = None  # [bs, W] long (root: 0)
 
 
 def full_parents(parents: torch.Tensor) -> torch.Tensor:  # [bs, W] long, root's parent: 0
@@ -103,7 +105,8 @@ def tree_parts(
     positions = (seq_lens.long()[:, None] + dep).reshape(-1)
     index = (torch.arange(bs, device=tokens.device)[:, None] * w
              + torch.arange(w, device=tokens.device)[None, :])
-    return TreeVerifyTensors(draft, positions, None, index, nxt, sib, anc, w, max_depth + 1)
+    return TreeVerifyTensors(draft, positions, None, index, nxt, sib, anc, w, max_depth + 1,
+                             par, dep)
 
 
 def with_mask(t: TreeVerifyTensors, seq_lens: torch.Tensor, seq_lens_sum: int,

@@ -66,4 +66,5 @@ def first_rows(t: TreeVerifyTensors, bs: int) -> TreeVerifyTensors:
     return replace(t, draft_token=t.draft_token[:bs * w], positions=t.positions[:bs * w],
                    retrieve_index=t.retrieve_index[:bs],
                    retrieve_next_token=t.retrieve_next_token[:bs],
-                   retrieve_next_sibling=t.retrieve_next_sibling[:bs], anc=t.anc[:bs])
+                   retrieve_next_sibling=t.retrieve_next_sibling[:bs], anc=t.anc[:bs],
+                   parents=t.parents[:bs], depths=t.depths[:bs])

@@ -1,22 +1,20 @@
 """DFLASH_TREE's SGLang worker: DFlash drafting, a token tree, EAGLE's tree verification.
 
-Ran on the H200 (SGLang 0.5.16, 2026-12-01): serves with CUDA graphs, flashinfer and Triton
-attention (BENCHMARKS.md "DFLASH_TREE inside SGLang"). Written against SGLang 0.5.16's
-`DFlashWorkerV2` and `run_eagle_verify` (`sglang_tree_design.md` beside this file); on other
-versions `worker_class` raises (0.5.23's DFlash worker differs too much: config-bag widths,
-`kv_loc_plan`, no `ps`). Per decode round: the drafter runs one block of L tokens ([bonus, mask,
-...]) exactly as SGLang's DFLASH does;
-the top-K log-probs of depths 1..D (drafter hidden -> target LM head) give the tree of N nodes
-(`fast/tree_build.build_tree`, on the device, no host sync, one CUDA graph per batch bucket:
-`sglang_tree_stage`); `sglang_tree_input` lays it out as a
-`DFlashTreeVerifyInput`; SGLang's `run_eagle_verify` runs the target over the W = N + 1 tree tokens
-with the FULL custom mask, accepts the longest path (greedy / target-only sampling) and moves the
-accepted path's target KV and hidden states to the front; the drafter KV of that path is then
-appended (KV injection) from the compacted hidden states. Prefill and idle rounds are DFLASH's.
-`register_hooks` installs one HookRegistry AROUND hook so the target's verify CUDA graphs are
-captured with the tree-mask buffer (DFLASH's capture input has none). The tree phase and the
-drafter-KV append replay one CUDA graph per batch bucket (`sglang_tree_stage`,
-`sglang_tree_append`). """
+Ran on the H200 (SGLang 0.5.16, since 2026-12-01; BENCHMARKS.md "DFLASH_TREE inside SGLang").
+Written against SGLang 0.5.16's `DFlashWorkerV2` and `run_eagle_verify` (`sglang_tree_design.md`
+beside this file); on other versions `worker_class` raises (0.5.23's DFlash worker differs too
+much: config-bag widths, `kv_loc_plan`, no `ps`). Per decode round: the drafter runs one block of
+L tokens ([bonus, mask, ...]) as SGLang's DFLASH does; the top-K log-probs of depths 1..D
+(drafter hidden -> target LM head) give the tree of N nodes and its verify tensors
+(`sglang_tree_stage`: on the device, one CUDA graph per batch bucket); `sglang_tree_input` lays
+it out as a `DFlashTreeVerifyInput`; SGLang's `run_eagle_verify` runs the target over the W = N +
+1 tree tokens with the FULL custom mask, accepts the longest path (greedy / target-only
+sampling) and moves the path's target KV and hidden states to the front; the path's drafter KV
+is then appended from them (`sglang_tree_append`, a graph per bucket). With
+`DFLASH_TREE_FAST_ACCEPT=1` a greedy round replaces EAGLE's acceptance, both moves and the append
+with one graph per bucket (`sglang_tree_verify`, `sglang_tree_accept`). Prefill and idle rounds
+are DFLASH's. `register_hooks` installs one HookRegistry AROUND hook so the target's verify
+graphs are captured with the tree-mask buffer (DFLASH's capture input has none)."""
 
 from __future__ import annotations
 
@@ -29,6 +27,7 @@ import torch
 
 from .sglang_buckets import bucket_limit, graphs_enabled
 from .sglang_checks import sglang_version
+from .sglang_tree_accept import AcceptStage
 from .sglang_tree_algo import (
     NAME,
     WORKER_VERSIONS,
@@ -36,7 +35,7 @@ from .sglang_tree_algo import (
     check_target_backend,
     check_tree_args,
 )
-from .sglang_tree_append import AppendStage, accepted_path, fused_workspaces
+from .sglang_tree_append import AppendStage, accepted_path, drafter_input, fused_workspaces
 from .sglang_tree_input import make_verify_input, with_mask
 from .sglang_tree_plan import install, layout_from_env
 from .sglang_tree_profile import RoundProfile, profile_every
@@ -48,6 +47,7 @@ from .sglang_tree_seqlens import (
 )
 from .sglang_tree_stage import TreeStage
 from .sglang_tree_tp import replicated_head, tree_topk
+from .sglang_tree_verify import fast_accept_from_env, republish_read_done, slow_reason, verify_fast
 
 logger = logging.getLogger(__name__)
 
@@ -126,23 +126,6 @@ def draft_block_forward_batch(*, block_ids, positions, cache_loc, req_pool_indic
         capture_hidden_mode=CaptureHiddenMode.NULL)
 
 
-def republish_read_done(model_runner, device) -> None:
-    """Move the target runner's WAR read-done event to *now* (after SGLang's tree compaction).
-
-    0.5.16's scheduler (`_apply_war_barrier`, `managers/scheduler.py`) lets its next shared-buffer
-    writes wait only on `model_worker.war_fastpath_runner.war_fastpath_read_done_event`; for a
-    DFLASH-family TARGET_VERIFY graph the target runner records it *before* replay
-    (`decode_cuda_graph_runner.py` `execute`: DFLASH reads no shared buffer after its verify). Our
-    verify then runs EAGLE's `move_accept_tokens_to_target_kvcache`, which reads `req_to_token`
-    after the replay, so the event is re-recorded here. Without an event (eager verify) the
-    scheduler waits on the whole forward stream: nothing to do. (Inferred from code; GPU-check.)"""
-    if getattr(model_runner, "war_fastpath_read_done_event", None) is None:
-        return
-    event = torch.get_device_module(device).Event()
-    event.record()
-    model_runner.war_fastpath_read_done_event = event
-
-
 def _check_version() -> None:
     have = sglang_version()
     lo, hi = WORKER_VERSIONS
@@ -178,8 +161,7 @@ def worker_class() -> type:
             # DFLASH_TREE_PROFILE=N: per-phase round times in the log (sglang_tree_profile)
             self.profile = RoundProfile(profile_every(), torch.device(self.device))
             self._graph_logged, self._draft_graph = set(), False  # for the profile's log
-            # the tree phase and the drafter-KV append: one CUDA graph per batch bucket each
-            # (DFLASH_TREE_GRAPHS=0: eager)
+            # tree phase, drafter-KV append: a CUDA graph per batch bucket (0: eager)
             device, graphs = torch.device(self.device), graphs_enabled()
             # the whole LM head on every TP rank: the same tree everywhere (sglang_tree_tp)
             mr = self.target_worker.model_runner
@@ -192,6 +174,12 @@ def worker_class() -> type:
             self.append_stage = AppendStage(
                 device, self._append_target_hidden_to_draft_kv_by_loc, graphs,
                 keep=lambda: fused_workspaces(self))
+            # DFLASH_TREE_FAST_ACCEPT=1: greedy acceptance, both KV moves in one graph
+            self._fast_accept, self._fast_check = fast_accept_from_env()
+            self.accept_stage = AcceptStage(
+                device, lambda tgt, src: self._kvcache().move_kv_cache(tgt, src),
+                self._append_target_hidden_to_draft_kv_by_loc, self.plan.width, self.plan.depth,
+                graphs, keep=lambda: fused_workspaces(self))
             self._warm_stages(server_args)
             # tree-verify replays plan without a host sync (DFLASH_TREE_HOST_PLAN=0: flashinfer's)
             self._verify_layout = layout_from_env(self.plan.width)
@@ -243,6 +231,13 @@ def worker_class() -> type:
             sizes = self.append_stage.warm_for(self, self.plan.depth + 1)
             if sizes:
                 logger.info("%s: drafter-KV append captured for batch buckets %s", NAME, sizes)
+            known = drafter_input(self) if self._fast_accept else None
+            if known is not None and self.accept_stage.warm(*known):
+                logger.info("%s: greedy acceptance captured for batch buckets up to %d", NAME,
+                            known[0])
+
+        def _kvcache(self):
+            return self.model_runner.token_to_kv_pool_allocator.get_kvcache()
 
         def _host_plan(self, seq_lens_cpu) -> None:
             """The layout of the coming verify replay (`sglang_tree_plan`); the target's
@@ -351,13 +346,21 @@ def worker_class() -> type:
             # 3) target verify + acceptance + target KV compaction (SGLang's EAGLE path)
             if self._verify_layout is not None:
                 self._host_plan(batch.seq_lens_cpu)
-            result = run_eagle_verify(
-                batch, target_worker=self.target_worker,
-                req_to_token_pool=self.model_runner.req_to_token_pool,
-                token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator,
-                plan_stream=None, plan_stream_ctx=contextlib.nullcontext(), topk=verify.topk,
-                num_steps=p.depth, num_draft_tokens=p.width, device=self.device,
-                metadata_ready_pre_pad=False, finalize_tree_path=True)
+            fast = self._fast_accept and slow_reason(batch, self.target_worker,
+                                                     self._kvcache()) is None
+            if fast:  # acceptance, target-KV move and drafter-KV append: one graph
+                result, acc = verify_fast(
+                    batch, target_worker=self.target_worker, stage=self.accept_stage,
+                    req_to_token_pool=self.model_runner.req_to_token_pool, tree=parts,
+                    prefix=prefix, device=self.device, check=self._fast_check)
+            else:
+                result = run_eagle_verify(
+                    batch, target_worker=self.target_worker,
+                    req_to_token_pool=self.model_runner.req_to_token_pool,
+                    token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator,
+                    plan_stream=None, plan_stream_ctx=contextlib.nullcontext(),
+                    topk=verify.topk, num_steps=p.depth, num_draft_tokens=p.width,
+                    device=self.device, metadata_ready_pre_pad=False, finalize_tree_path=True)
             if self._verify_layout is not None:
                 self._verify_layout.seq_lens_cpu = None  # known for this replay only
             if late:  # as the scheduler left them (it takes the GPU-only path)
@@ -365,20 +368,19 @@ def worker_class() -> type:
             republish_read_done(self.target_worker.model_runner, self.device)
             self.profile.mark(ev, 2)
             commit = result.accept_lens.to(torch.int32)  # accepted drafts + bonus, [bs]
-            new_seq_lens = prefix + commit.to(prefix.dtype)
+            new_seq_lens = acc.new_seq_lens if fast else prefix + commit.to(prefix.dtype)
             on_publish = self._publish(batch, on_publish)
             if on_publish is not None:
                 on_publish(new_seq_lens)
-            # 4) drafter KV of the accepted path (now at the front of each request's block);
-            # the slots are the verify's own out_cache_loc (eagle_prepare_for_verify set it to
-            # req_to_token[prefix : prefix + W]): no second req_to_token read after the verify
-            hid = result.logits_output.hidden_states
-            if hid is None:
-                raise RuntimeError(f"{NAME}: verify returned no target hidden states")
-            self.append_stage.run(*accepted_path(hid, batch.out_cache_loc, prefix, commit,
-                                                 p.width, p.depth + 1))
-            result.logits_output.hidden_states = None
-            bonus = result.next_draft_input.bonus_tokens.to(torch.int64)
+            if not fast:  # 4) drafter KV of the path (the front of each verify block now;
+                # its slots: the verify's out_cache_loc = req_to_token[prefix : prefix + W])
+                hid = result.logits_output.hidden_states
+                if hid is None:
+                    raise RuntimeError(f"{NAME}: verify returned no target hidden states")
+                self.append_stage.run(*accepted_path(hid, batch.out_cache_loc, prefix, commit,
+                                                     p.width, p.depth + 1))
+                result.logits_output.hidden_states = None
+            bonus = acc.bonus if fast else result.next_draft_input.bonus_tokens.to(torch.int64)
             result.next_draft_input = self._make_next_draft_input_decode(
                 bonus_tokens=bonus, new_seq_lens=new_seq_lens)
             result.new_seq_lens = new_seq_lens

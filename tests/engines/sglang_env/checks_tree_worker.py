@@ -152,7 +152,7 @@ def test_war_barrier_contract_the_worker_relies_on():
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
     from sglang.srt.speculative import eagle_worker_common, spec_utils
 
-    from dflash_plugin.engines.sglang_tree_worker import republish_read_done
+    from dflash_plugin.engines.sglang_tree_verify import republish_read_done
 
     barrier = inspect.getsource(Scheduler._apply_war_barrier)
     assert "self.model_worker.war_fastpath_runner" in barrier

@@ -1,0 +1,157 @@
+"""Greedy acceptance of a DFLASH_TREE round, one CUDA graph per batch bucket (no SGLang import
+here).
+
+After the target's tree verify, SGLang 0.5.16's EAGLE path (`run_eagle_verify`) walks the tree
+(`eagle_sample`'s greedy branch, `verify_tree_greedy`), fills the bonus tokens, moves the
+accepted path's target KV to the front of each request's verify block
+(`move_accept_tokens_to_target_kvcache`: two Triton kernels build the slot lists, a third moves)
+and compacts the predictions and the hidden states (`_compact_accept_to_front`, twice); the
+worker then appends the path's drafter KV (`sglang_tree_append`). That is about 40 launches from
+Python per round, four of them Triton's, and at the 20M fixture a round is bound by the host
+(BENCHMARKS.md, "DFLASH_TREE inside SGLang"). On the greedy path every shape depends on the
+batch size only, so `AcceptStage` does all of it in one graph per bucket: the walk
+(`fast.tree_build.greedy_path`, the fast runtime's), SGLang's outputs in the layout its
+scheduler reads, the target-KV move through the pool's own `move_kv_cache`, and the drafter-KV
+append (`append_fn`: DFLASH's, as `AppendStage` calls it).
+
+The move is not idempotent (a slot can be the source of one pair and the target of a later
+one), and a capture runs its function once eagerly first: a bucket is captured with every row
+dead (slot 0 moved onto itself, nothing appended) before its first live replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..fast.tree_build import greedy_path
+from .sglang_buckets import BucketGraphs, warm_buckets
+from .sglang_tree_append import append_kwargs
+from .sglang_tree_input import TreeVerifyTensors
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """One round's acceptance, as SGLang's greedy tree verify leaves it."""
+
+    predict: torch.Tensor  # [bs * W] int32: row b's first accept_lens[b] = the path's tokens
+    accept_lens: torch.Tensor  # [bs] int32: accepted drafts + 1 (the bonus)
+    bonus: torch.Tensor  # [bs] int64: the target's token after the last accepted node
+    new_seq_lens: torch.Tensor  # [bs] prefix's dtype: prefix + accept_lens
+
+
+def accept_greedy(
+    choice: torch.Tensor,  # [bs, W] long: the target's argmax at every tree index
+    draft: torch.Tensor,  # [bs, W] long: root (bonus of the last round), then the nodes
+    parents: torch.Tensor,  # [bs, W] long: tree index of each parent (root: 0)
+    depths: torch.Tensor,  # [bs, W] long (root: 0)
+    live: torch.Tensor,  # [bs] bool: False for a bucket's padded rows
+    depth: int,  # D: the trees' maximum depth
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(path [bs, D + 1] tree indices, on [bs, D + 1] bool: the path's entries, root included;
+    tok [bs, D + 1]: the target's token after each path entry). A dead row has no entry."""
+    path, accepted = greedy_path(draft, parents, depths, choice, depth)
+    accepted = torch.where(live, accepted, -1)
+    on = torch.arange(depth + 1, device=draft.device)[None, :] <= accepted[:, None]
+    return path, on, choice.gather(1, path)
+
+
+def sglang_outputs(path, on, tok, width: int, prefix: torch.Tensor) -> Accepted:
+    """SGLang's outputs from `accept_greedy`'s: the scheduler reads
+    `next_token_ids[b * W : b * W + accept_lens[b]]` only (0.5.16 `batch_result_processor.py`);
+    the rest of each row is 0 here (SGLang leaves leftovers there)."""
+    bs, d1 = path.shape
+    n = on.sum(-1)  # [bs] accept_lens (0 for a dead row)
+    predict = torch.zeros(bs, width, dtype=torch.int32, device=path.device)
+    predict[:, :d1] = torch.where(on, tok, 0).to(torch.int32)
+    bonus = tok.gather(1, (n - 1).clamp_min(0)[:, None])[:, 0]
+    return Accepted(predict.view(-1), n.to(torch.int32), bonus.long(), prefix + n.to(prefix.dtype))
+
+
+def move_pairs(loc: torch.Tensor,  # [bs, W] int64: the verify's slots, req_to_token[prefix:+W]
+               path: torch.Tensor, on: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target-KV move of the accepted path to the front of each verify block: (tgt, src)
+    `[bs * (D + 1)]` int64, pairs in depth order per request; no entry: slot 0 onto itself.
+    The pairs SGLang's `move_accept_tokens_to_target_kvcache` moves (its tgt is
+    req_to_token[prefix + d], the verify's own slot d)."""
+    d1 = path.shape[1]
+    tgt = torch.where(on, loc[:, :d1], 0)
+    src = torch.where(on, loc.gather(1, path), 0)
+    return tgt.reshape(-1), src.reshape(-1)
+
+
+def path_rows(hidden: torch.Tensor,  # [bs, W, h] the verify's target hidden states
+              loc: torch.Tensor, path: torch.Tensor, on: torch.Tensor, prefix: torch.Tensor):
+    """`AppendStage`'s tensors for the accepted path (as `accepted_path` reads them after
+    SGLang's compaction): hidden [bs, D+1, h], front slots and positions [bs, D+1] int64, commit
+    [bs] int32 (0 for a dead row: the prefix-valid write leaves it alone)."""
+    d1 = path.shape[1]
+    hid = hidden.gather(1, path[:, :, None].expand(-1, -1, hidden.shape[-1]))
+    pos = prefix.long()[:, None] + torch.arange(d1, device=path.device)
+    return hid, loc[:, :d1], pos, on.sum(-1).to(torch.int32)
+
+
+class AcceptStage:
+    """`run(choice, t, loc, hidden, prefix)` -> `Accepted` (fresh tensors); `move_fn(tgt, src)`
+    is the target pool's `move_kv_cache`, `append_fn(**kwargs)` DFLASH's drafter-KV append;
+    `keep()` as `AppendStage`'s."""
+
+    def __init__(self, device: torch.device, move_fn: Callable[..., None],
+                 append_fn: Callable[..., None], width: int, depth: int, graphs: bool = True,
+                 keep: Callable[[], Sequence[torch.Tensor]] | None = None):
+        self.device, self.move_fn, self.append_fn = device, move_fn, append_fn
+        self.width, self.depth = width, depth
+        self.graphs = BucketGraphs(device, "accept", graphs, keep)
+        self.outputs: dict[int, Accepted] = {}  # the last run's (a graph's own)
+        self._ones = torch.ones(1, dtype=torch.bool, device=device)
+
+    def warm(self, max_bs: int, hidden_size: int, dtype: torch.dtype) -> list[int]:
+        """Capture the buckets of `warm_buckets(max_bs)` now, every row dead (graphs on; else
+        nothing): returns the buckets captured."""
+        if not self.graphs.enabled:
+            return []
+        sizes = warm_buckets(max_bs)
+        w, dev = self.width, self.device
+        for pad in sizes:
+            z = torch.zeros(pad, w, dtype=torch.long, device=dev)
+            self._load(z, z, z, z, z, torch.zeros(pad, w, hidden_size, dtype=dtype, device=dev),
+                       z[:, 0], live=False)
+        return sizes if self.graphs.enabled else []
+
+    def run(self, choice: torch.Tensor,  # [bs, W] long the target's argmax per tree index
+            t: TreeVerifyTensors,  # the round's tree (first bs rows; parents and depths set)
+            loc: torch.Tensor,  # [bs * W] the verify's out_cache_loc
+            hidden: torch.Tensor,  # [bs * W, h] the verify's target hidden states
+            prefix: torch.Tensor,  # [bs] committed lengths before the round
+            ) -> Accepted:
+        bs, w = choice.shape
+        out = self._load(choice, t.draft_token.view(bs, w), t.parents, t.depths,
+                         loc.view(bs, w).long(), hidden.view(bs, w, -1), prefix, live=True)
+        return Accepted(out.predict[:bs * w].clone(), out.accept_lens[:bs].clone(),
+                        out.bonus[:bs].clone(), out.new_seq_lens[:bs].clone())
+
+    def _load(self, choice, draft, parents, depths, loc, hidden, prefix, live: bool) -> Accepted:
+        bs = int(choice.shape[0])
+        if self._ones.shape[0] < bs:
+            self._ones = torch.ones(bs, dtype=torch.bool, device=self.device)
+        pad, (c, dr, par, dep, lo, hid, pre, lv) = self.graphs.load(
+            (choice, draft, parents, depths, loc, hidden, prefix, self._ones[:bs]))
+
+        def phase() -> None:
+            path, on, tok = accept_greedy(c, dr, par, dep, lv, self.depth)
+            self.move_fn(*move_pairs(lo, path, on))
+            self.append_fn(**append_kwargs(*path_rows(hid, lo, path, on, pre)))
+            self.outputs[pad] = sglang_outputs(path, on, tok, self.width, pre)
+
+        if pad > bs:
+            lv[bs:].zero_()  # rows past the batch are dead
+        if not live or (self.graphs.enabled and (pad,) not in self.graphs.graphs.graphs):
+            lv.zero_()
+            self.graphs.run(pad, phase)  # a capture (or a dead eager run): changes nothing
+            if not live:
+                return self.outputs[pad]
+            lv[:bs].fill_(True)
+        self.graphs.run(pad, phase)
+        return self.outputs[pad]
