@@ -34,6 +34,7 @@ class TreeVerifyTensors:
     max_tree_depth: int  # D + 1: the accept_index width (path incl. the root)
     parents: torch.Tensor | None = None  # [bs, W] long tree index of each parent (root: 0)
     depths: torch.Tensor | None = None  # [bs, W] long (root: 0)
+    mask_at: torch.Tensor | None = None  # [bs, W, W] long `mask_positions` (the mask's tree part)
 
 
 def full_parents(parents: torch.Tensor) -> torch.Tensor:  # [bs, W] long, root's parent: 0
@@ -57,30 +58,43 @@ def tree_links(
     return torch.where(first < w, first, none), torch.where(sib < w, sib, none)
 
 
+def mask_positions(
+    seq_lens: torch.Tensor,  # [bs] committed prefix lengths (device)
+    w: int,  # W: tree tokens per request
+) -> torch.Tensor:  # [bs, W, W] long: flat FULL_MASK position of anc[b, i, j]
+    """Where each tree entry of the FULL mask lies: per request W rows of seq_len + W columns,
+    requests concatenated, the tree's W columns last in each row. Device only, static shape:
+    the tree phase's graph computes it (`tree_parts`)."""
+    bs = seq_lens.shape[0]
+    lens = seq_lens.long()
+    start = w * (torch.cumsum(lens, 0) - lens) + torch.arange(bs, device=lens.device) * w * w
+    i = torch.arange(w, device=lens.device)
+    return (start[:, None, None] + i[None, :, None] * (lens + w)[:, None, None]
+            + lens[:, None, None] + i[None, None, :])
+
+
 def full_mask(
     anc: torch.Tensor,  # [bs, W, W] bool ancestor-or-self
     seq_lens: torch.Tensor,  # [bs] committed prefix lengths (device)
-    seq_lens_sum: int,  # host int: sum(seq_lens) (SGLang keeps it on the batch)
+    seq_lens_sum: int,  # host int: >= sum(seq_lens) (SGLang keeps it on the batch)
     out: torch.Tensor | None = None,  # [>= total] bool / uint8 buffer (a backend's graph mask)
+    at: torch.Tensor | None = None,  # [bs, W, W] `mask_positions(seq_lens, W)` if known
 ) -> torch.Tensor:  # [W * seq_lens_sum + bs * W * W] bool (or `out`'s dtype)
     """SGLang's FULL_MASK: per request W rows of seq_len + W columns, requests concatenated;
     the prefix columns are True, the last W columns the tree's ancestor-or-self rows. `out` may be
     uint8: SGLang 0.5.16's Triton backend hands out its graph mask buffer as `torch.uint8`
     (`get_verify_buffers_to_fill_after_draft`, `init_cuda_graph_state`); `scatter_` needs the
-    source in the buffer's dtype."""
+    source in the buffer's dtype. A buffer smaller than the mask (a batch past the backend's
+    graph sizes, which verifies eagerly) is not used: the mask is allocated."""
     bs, w, _ = anc.shape
     total = w * seq_lens_sum + bs * w * w
-    if out is None:
+    if out is None or out.numel() < total:
         out = torch.ones(total, dtype=torch.bool, device=anc.device)
     else:
         out = out[:total]
         out.fill_(True)
-    lens = seq_lens.long()
-    start = w * (torch.cumsum(lens, 0) - lens) + torch.arange(bs, device=anc.device) * w * w
-    row = lens + w  # [bs] row length
-    i = torch.arange(w, device=anc.device)
-    at = (start[:, None, None] + i[None, :, None] * row[:, None, None] + lens[:, None, None]
-          + i[None, None, :])  # [bs, W, W] flat position of anc[b, i, j]
+    if at is None:
+        at = mask_positions(seq_lens, w)
     out.scatter_(0, at.reshape(-1), anc.reshape(-1).to(out.dtype))
     return out
 
@@ -106,13 +120,13 @@ def tree_parts(
     index = (torch.arange(bs, device=tokens.device)[:, None] * w
              + torch.arange(w, device=tokens.device)[None, :])
     return TreeVerifyTensors(draft, positions, None, index, nxt, sib, anc, w, max_depth + 1,
-                             par, dep)
+                             par, dep, mask_positions(seq_lens, w))
 
 
 def with_mask(t: TreeVerifyTensors, seq_lens: torch.Tensor, seq_lens_sum: int,
               mask_out: torch.Tensor | None = None) -> TreeVerifyTensors:
     """`t` with its FULL custom mask (`full_mask`, into `mask_out` when given)."""
-    return replace(t, custom_mask=full_mask(t.anc, seq_lens, seq_lens_sum, mask_out))
+    return replace(t, custom_mask=full_mask(t.anc, seq_lens, seq_lens_sum, mask_out, t.mask_at))
 
 
 def build_verify_tensors(tokens, parents, depths, root, seq_lens, seq_lens_sum: int,

@@ -6,8 +6,8 @@ verify tensor but the FULL mask (`sglang_tree_input.tree_parts`): about 200 smal
 launches, run eagerly, cost more than their work at small shapes. Their shapes depend on the
 batch size only: `sglang_buckets.BucketGraphs` pads the batch to its bucket and replays that
 bucket's graph (every row is independent; padded rows are cut off by `first_rows`). The mask's
-size depends on the host's sum of lengths, so the worker adds it eagerly
-(`sglang_tree_input.with_mask`).
+size depends on the host's sum of lengths, so the worker writes it eagerly, a fill and a scatter
+to the positions the graph computed (`sglang_tree_input.with_mask`, `mask_positions`).
 """
 
 from __future__ import annotations
@@ -67,4 +67,4 @@ def first_rows(t: TreeVerifyTensors, bs: int) -> TreeVerifyTensors:
                    retrieve_index=t.retrieve_index[:bs],
                    retrieve_next_token=t.retrieve_next_token[:bs],
                    retrieve_next_sibling=t.retrieve_next_sibling[:bs], anc=t.anc[:bs],
-                   parents=t.parents[:bs], depths=t.depths[:bs])
+                   parents=t.parents[:bs], depths=t.depths[:bs], mask_at=t.mask_at[:bs])

@@ -132,6 +132,12 @@ def test_tree_tensors_equal_brute_force(bs, g, k, n, vocab):
                               mask_out=buf8)
     assert t3.custom_mask.data_ptr() == buf8.data_ptr()
     assert buf8[:len(mask)].tolist() == [int(m) for m in mask]
+    # a buffer too small (a batch past the backend's graph sizes): a mask of its own
+    small = torch.zeros(len(mask) - 1, dtype=torch.bool)
+    t4 = build_verify_tensors(tokens, parents, depths, root, seq_lens, int(seq_lens.sum()), g,
+                              mask_out=small)
+    assert t4.custom_mask.data_ptr() != small.data_ptr() and t4.custom_mask.tolist() == mask
+    assert not small.any()
 
 
 @pytest.mark.parametrize("bs,g,k,n,vocab", CASES)
