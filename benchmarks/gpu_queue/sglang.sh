@@ -6,8 +6,8 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-04 night (most wanted first): STEPS="stage fastaccept-check fa3tree
-#   fa3tree-fastaccept kernels-tree-fa3-fastaccept-8b engines-dflash-fa sampling-plain
+# Owed as of 2026-12-04 night (most wanted first): STEPS="stage fastcheck fa3tree fa3tree-fast
+#   engines-dflash-fa kernels-tree-fa3-fast-8b sampling-plain
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 fa3tree-t1 engines-dflash-t1 adaptive-8b
 #   adaptive-8b-defer adaptive-t1 adaptive-q1 adaptive lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
@@ -36,26 +36,27 @@ step fa3tree 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tr
 step kernels-tree-fa3-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang \
     --mode tree --num-spec-tokens 32 --attention-backend fa3 --no-prefill-graphs \
     --shape qwen3-8b --kernel-trace /tmp/traces/tree-fa3 --out "$E/kernels-sglang-tree-fa3-8b.json"
-# 0fa. the greedy acceptance, both KV moves and the drafter append in one graph per bucket
-#      (DFLASH_TREE_FAST_ACCEPT, not yet on a GPU): first `check` (every round also runs
-#      SGLang's eagle_sample on the same logits and raises on another acceptance), then the T = 0
-#      rows and the 8B round with it, then DFLASH's rows in the same session; margins on CPU:
-#      python benchmarks/greedy_margins.py --runs $E/sglang-tree32-fa3-fastaccept.json --out ...
-step fastaccept-check 400 env DFLASH_TREE_FAST_ACCEPT=check python3 benchmarks/gpu_engines.py \
-    run --engine sglang --mode tree --num-spec-tokens 32 --attention-backend fa3 \
-    --no-prefill-graphs --num-prompts 8 --max-tokens 64 --concurrency 1 4 --temperatures 0 \
-    --out "$E/sglang-tree32-fa3-fastaccept-check.json"
-step fa3tree-fastaccept 600 env DFLASH_TREE_FAST_ACCEPT=1 python3 benchmarks/gpu_engines.py \
-    run --engine sglang --mode tree --num-spec-tokens 32 --attention-backend fa3 \
-    --no-prefill-graphs --concurrency 1 4 8 --temperatures 0 \
-    --out "$E/sglang-tree32-fa3-fastaccept.json"
-step kernels-tree-fa3-fastaccept-8b 400 env DFLASH_TREE_FAST_ACCEPT=1 python3 \
-    benchmarks/gpu_engines.py round-cost --engine sglang --mode tree --num-spec-tokens 32 \
-    --attention-backend fa3 --no-prefill-graphs --shape qwen3-8b \
-    --kernel-trace /tmp/traces/tree-fa3-fastaccept \
-    --out "$E/kernels-sglang-tree-fa3-fastaccept-8b.json"
+# 0fa. the host cuts of 2026-12-04 night (not yet on a GPU): the greedy acceptance, both KV
+#      moves and the drafter append in one graph per bucket (DFLASH_TREE_FAST_ACCEPT) and fa3's
+#      tree-verify metadata in one graph per batch (DFLASH_TREE_FA3_GRAPH). First both in their
+#      check modes (each round also runs SGLang's own acceptance / eager metadata and raises on a
+#      difference), then the T = 0 rows with both on beside `fa3tree` (above) and DFLASH's rows
+#      of the same session, then the 8B round; margins on CPU:
+#      python benchmarks/greedy_margins.py --runs $E/sglang-tree32-fa3-fast.json --out ...
+step fastcheck 400 env DFLASH_TREE_FAST_ACCEPT=check DFLASH_TREE_FA3_GRAPH=check python3 \
+    benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
+    --attention-backend fa3 --no-prefill-graphs --num-prompts 8 --max-tokens 64 \
+    --concurrency 1 4 --temperatures 0 --out "$E/sglang-tree32-fa3-fastcheck.json"
+step fa3tree-fast 600 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 python3 \
+    benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
+    --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 --temperatures 0 \
+    --out "$E/sglang-tree32-fa3-fast.json"
 step engines-dflash-fa 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode dflash \
     --no-prefill-graphs --temperatures 0 --concurrency 1 4 8 --out "$E/sglang-dflash-fa.json"
+step kernels-tree-fa3-fast-8b 400 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 python3 \
+    benchmarks/gpu_engines.py round-cost --engine sglang --mode tree --num-spec-tokens 32 \
+    --attention-backend fa3 --no-prefill-graphs --shape qwen3-8b \
+    --kernel-trace /tmp/traces/tree-fa3-fast --out "$E/kernels-sglang-tree-fa3-fast-8b.json"
 # 0t1. T = 1 with fa3 verifying the tree, then DFLASH at T = 1 in the same session
 step fa3tree-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
     --num-spec-tokens 32 --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 \

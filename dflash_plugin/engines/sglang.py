@@ -23,8 +23,14 @@ def register() -> None:
     scheduler and detokenizer; SGLang's loader logs a failure). Idempotent: registers the
     speculative algorithms DFLASH_TREE (with its CUDA-graph capture hook) and DFLASH_ADAPTIVE
     once."""
-    from . import sglang_adaptive, sglang_adaptive_worker, sglang_tree_algo, sglang_tree_worker
+    from . import (
+        sglang_adaptive,
+        sglang_adaptive_worker,
+        sglang_tree_algo,
+        sglang_tree_hooks,
+        sglang_tree_worker,
+    )
 
     if sglang_tree_algo.register(sglang_tree_worker.worker_factory):
-        sglang_tree_worker.register_hooks()
+        sglang_tree_hooks.register_hooks()
     sglang_adaptive.register(sglang_adaptive_worker.worker_factory)

@@ -13,8 +13,8 @@ sampling) and moves the path's target KV and hidden states to the front; the pat
 is then appended from them (`sglang_tree_append`, a graph per bucket). With
 `DFLASH_TREE_FAST_ACCEPT=1` a greedy round replaces EAGLE's acceptance, both moves and the append
 with one graph per bucket (`sglang_tree_verify`, `sglang_tree_accept`). Prefill and idle rounds
-are DFLASH's. `register_hooks` installs one HookRegistry AROUND hook so the target's verify
-graphs are captured with the tree-mask buffer (DFLASH's capture input has none)."""
+are DFLASH's. `sglang_tree_hooks` holds the HookRegistry hooks: the target's verify graphs are
+captured with the tree-mask buffer (DFLASH's capture input has none)."""
 
 from __future__ import annotations
 
@@ -50,47 +50,6 @@ from .sglang_tree_tp import replicated_head, tree_topk
 from .sglang_tree_verify import fast_accept_from_env, republish_read_done, slow_reason, verify_fast
 
 logger = logging.getLogger(__name__)
-
-GET_SPEC_INFO = ("sglang.srt.model_executor.runner.decode_cuda_graph_runner."
-                 "DecodeCudaGraphRunner.get_spec_info")
-
-
-def _is_ours(algo) -> bool:
-    return getattr(algo, "name", None) == NAME
-
-
-def capture_spec_info(original, runner, num_tokens):
-    """AROUND hook of `DecodeCudaGraphRunner.get_spec_info`: for DFLASH_TREE's *target* runner,
-    capture the verify graphs with a tree input that carries the runner's custom-mask buffer
-    (as EAGLE's / NGRAM's capture does); everything else is SGLang's."""
-    mr = runner.model_runner
-    if not _is_ours(mr.spec_algorithm) or mr.is_draft_worker:
-        return original(runner, num_tokens)
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-
-    cls = _verify_cls()
-    return cls(draft_token=None, custom_mask=runner.buffers.custom_mask, positions=None,
-               retrieve_index=None, retrieve_next_token=None, retrieve_next_sibling=None,
-               retrieve_cum_len=None, spec_steps=1,
-               topk=max(2, int(mr.server_args.speculative_eagle_topk or 2)),
-               draft_token_num=runner.captured_req_width,
-               capture_hidden_mode=CaptureHiddenMode.FULL, seq_lens_sum=None,
-               seq_lens_cpu=None)
-
-
-def _verify_cls():
-    from .sglang_tree_input import verify_input_class
-
-    return verify_input_class()
-
-
-def register_hooks() -> None:
-    """Install the capture hook once (HookRegistry applies it in `load_plugins`)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    if not any(h is capture_spec_info for _, h, _ in HookRegistry._hooks.get(GET_SPEC_INFO, [])):
-        HookRegistry.register(GET_SPEC_INFO, capture_spec_info, HookType.AROUND)
-
 
 def draft_server_args(server_args, block_size: int):
     """The drafter's server args: a block of `block_size` (L) tokens and top-1, so DFLASH's

@@ -48,7 +48,7 @@ def test_registration_is_idempotent_and_reserved():
         SpeculativeAlgorithm.register("DFLASH", spec_class=algo.spec_class())(lambda sa: None)
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from dflash_plugin.engines.sglang_tree_worker import GET_SPEC_INFO, capture_spec_info
+    from dflash_plugin.engines.sglang_tree_hooks import GET_SPEC_INFO, capture_spec_info
 
     assert [h for _, h, _ in HookRegistry._hooks[GET_SPEC_INFO]].count(capture_spec_info) == 1
     assert SpeculativeAlgorithm.from_string("DFLASH") is SpeculativeAlgorithm.DFLASH  # intact

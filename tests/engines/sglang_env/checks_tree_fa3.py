@@ -141,3 +141,60 @@ def test_target_backend_is_built_before_the_drafter_captures():
     graphs = src[src.index("    def init_all_cuda_graphs(self):"):]
     assert graphs.index("self.tp_worker.init_cuda_graphs()") < graphs.index(
         "self.draft_worker.init_cuda_graphs()")
+
+
+@OLD_ONLY
+def test_graphed_metadata_hook_matches_the_method_it_wraps():
+    """`sglang_tree_fa3meta` (DFLASH_TREE_FA3_GRAPH=1) wraps fa3's
+    `_apply_cuda_graph_metadata`: the method exists with the keywords the hook reads, the
+    decode graph runner's replay path calls it by keyword, its top-K > 1 TARGET_VERIFY branch
+    reads no host value and of the round's spec input only the mask and the number of
+    positions (so a graph over the runner's and backend's static buffers replays it), and it
+    ends by setting the two Python attributes the hook restores after a replay."""
+    import importlib.util
+    import inspect
+    from pathlib import Path
+
+    from dflash_plugin.engines import sglang_tree_fa3meta as m
+
+    mod, cls, meth = m.TARGET.rsplit(".", 2)
+    spec = importlib.util.find_spec(mod)
+    assert spec is not None and mod.endswith("flashattention_backend") and cls and meth
+    src = Path(spec.origin).read_text()
+    assert f"class {cls}(" in src and f"    def {meth}(" in src
+    start = src.index(f"    def {meth}(")
+    body = src[start:src.index("\n    def ", start + 10)]
+    head = body[:body.index(")")]
+    for name in ("bs", "req_pool_indices", "seq_lens", "seq_lens_sum", "encoder_lens",
+                 "forward_mode", "spec_info", "seq_lens_cpu", "out_cache_loc"):
+        assert f"        {name}:" in head, name
+    caller = src[src.index("    def _init_full_cg_decode_metadata("):]
+    caller = caller[:caller.index("\n    def ", 10)]
+    assert "self._apply_cuda_graph_metadata(\n                bs=bs," in caller
+    branch = body[body.index("# When topk > 1, we need two specific target verify metadata"):
+                  body.index("elif forward_mode.is_draft_extend_v2():")]
+    for sync in (".item()", ".cpu()", ".tolist()", "seq_lens_cpu", "seq_lens_sum", "out_cache_loc"):
+        assert sync not in branch, sync
+    uses = {u.split("(")[0].split("[")[0] for u in branch.split("spec_info.")[1:]}
+    assert uses == {"positions.numel", "custom_mask"}, uses
+    assert body.rstrip().endswith("self.forward_metadata = metadata\n"
+                                  "        self.forward_metadata_spec_decode_expand = "
+                                  "metadata_expand")
+    assert "return [self.cuda_graph_custom_mask, None]" in src  # the buffer the gate compares
+    assert inspect.signature(m.replay_metadata).parameters.keys() >= {"original", "backend"}
+
+
+@OLD_ONLY
+def test_graphed_metadata_hook_registers_once_and_reads_the_server_algorithm(monkeypatch):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from dflash_plugin.engines import sglang_tree_fa3meta as m
+
+    monkeypatch.setattr(HookRegistry, "_hooks", type(HookRegistry._hooks)(list))
+    m.register_hook()
+    m.register_hook()
+    assert [h for _, h, _ in HookRegistry._hooks[m.TARGET]] == [m.replay_metadata]
+    import sglang.srt.runtime_context as rc
+
+    assert callable(rc.get_server_args)
+    assert m._algorithm() is None or isinstance(m._algorithm(), str)
