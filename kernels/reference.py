@@ -262,3 +262,49 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
+
+
+def beam_widths(depth: int, topk: int, budget: int) -> list[int]:
+    """Beam width per depth 1..min(depth, budget): min(budget, topk^d)."""
+    widths, w = [], 1
+    for _ in range(min(depth, budget)):
+        w = min(budget, w * topk)
+        widths.append(w)
+    return widths
+
+
+def tree_build(
+    top_lp: torch.Tensor,  # [batch, g, k] log-probs at depths 1..g, best first (`draft_topk`)
+    top_ids: torch.Tensor,  # [batch, g, k] their token ids
+    budget: int,  # nodes per row: at most `tree.capacity(g, k)`
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # tokens, parents, depths [batch, budget]
+    """Reference of specdec_kernels.tree_build.tree_build: every row's tree of exactly `budget`
+    nodes (the top-`budget` prefixes under the drafter's marginals) as a depth-wise beam; the top
+    N prefixes are closed under ancestors, so the top N at depth d are children of the top N at
+    depth d - 1, and a global top N over every depth's beam picks the tree. Node order: by
+    depth, then score (best first): parents precede children (tree index = order + 1; 0 is the
+    anchor). Ties: equal scores go to the shallower prefix, then to the earlier beam entry.
+    Returns tokens, parents (tree indices, 0 = anchor) and depths (1..g) [batch, budget]."""
+    b, g, k = top_lp.shape
+    widths = beam_widths(g, k, budget)
+    scores, parents, tokens, depths = [], [], [], []
+    beam = top_lp.new_zeros(b, 1)  # [batch, width] scores of the previous depth's beam
+    offset = 0  # candidate index of the previous beam's first entry (-1: the root)
+    for d, w in enumerate(widths):
+        child = (beam[:, :, None] + top_lp[:, d, None, :]).reshape(b, -1)  # [batch, w_prev * k]
+        beam, idx = child.sort(dim=-1, descending=True, stable=True)
+        beam, idx = beam[:, :w], idx[:, :w]
+        scores.append(beam)
+        tokens.append(top_ids[:, d].gather(1, idx % k))
+        parents.append(idx // k + offset if d else torch.full_like(idx, -1))
+        depths.append(torch.full_like(idx, d + 1))
+        offset = sum(widths[:d])
+    score, parent_c = torch.cat(scores, 1), torch.cat(parents, 1)  # [batch, C] candidates
+    # candidates lie in (depth, score) order, so a stable sort keeps shallower ties first
+    chosen = score.sort(dim=-1, descending=True, stable=True)[1][:, :budget].sort(-1)[0]
+    index = torch.zeros_like(score, dtype=torch.long)  # candidate -> tree index (0: not kept)
+    index.scatter_(1, chosen, torch.arange(1, budget + 1, device=score.device).expand(b, -1))
+    par = parent_c.gather(1, chosen)
+    tree_parents = torch.where(par >= 0, index.gather(1, par.clamp_min(0)), 0)
+    return (torch.cat(tokens, 1).gather(1, chosen), tree_parents,
+            torch.cat(depths, 1).gather(1, chosen))

@@ -12,22 +12,39 @@ to the positions the graph computed (`sglang_tree_input.with_mask`, `mask_positi
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import torch
 
+from ..errors import ConfigError
 from ..fast.tree_build import build_tree
 from .sglang_buckets import BucketGraphs, warm_buckets
 from .sglang_tree_input import TreeVerifyTensors, tree_parts
 
+BUILD_ENV = "DFLASH_TREE_BUILD"
+
+
+def triton_build_from_env(device: torch.device, environ=os.environ) -> bool:
+    """`DFLASH_TREE_BUILD`: torch (default) or triton (the fused build kernel,
+    `specdec_kernels.tree_build`: one launch in place of about 140; CUDA only, torch elsewhere);
+    a clear error otherwise."""
+    raw = environ.get(BUILD_ENV, "torch").strip().lower() or "torch"
+    if raw not in ("torch", "triton"):
+        raise ConfigError(BUILD_ENV, f"must be torch or triton (how the tree phase builds the "
+                                     f"tree), got {raw!r}")
+    return raw == "triton" and device.type == "cuda"
+
 
 class TreeStage:
     """`run(hidden, bonus, seq_lens)` -> `TreeVerifyTensors` without the mask; `topk_fn(hidden)`
-    gives `(top_lp, top_ids)` `[bs, D, K]` (the LM head's top-K); `budget` N, `depth` D."""
+    gives `(top_lp, top_ids)` `[bs, D, K]` (the LM head's top-K); `budget` N, `depth` D;
+    `triton_build`: the fused build kernel (`build_tree(..., triton=True)`)."""
 
     def __init__(self, device: torch.device, topk_fn, budget: int, depth: int,
-                 graphs: bool = True):
+                 graphs: bool = True, triton_build: bool = False):
         self.device, self.topk_fn, self.budget, self.depth = device, topk_fn, budget, depth
+        self.triton_build = triton_build
         self.graphs = BucketGraphs(device, "tree", graphs)
         self.outputs: dict[int, TreeVerifyTensors] = {}  # the last run's (a graph's own)
 
@@ -52,7 +69,8 @@ class TreeStage:
 
         def phase() -> None:
             top_lp, top_ids = self.topk_fn(h)
-            tokens, parents, depths = build_tree(top_lp, top_ids, self.budget)  # [bs, N] each
+            tokens, parents, depths = build_tree(top_lp, top_ids, self.budget,
+                                                 triton=self.triton_build)  # [bs, N] each
             self.outputs[pad] = tree_parts(tokens, parents, depths, b, lens, self.depth)
 
         self.graphs.run(pad, phase)

@@ -45,7 +45,7 @@ from .sglang_tree_seqlens import (
     late_seq_lens_from_env,
     wrap_publish,
 )
-from .sglang_tree_stage import TreeStage
+from .sglang_tree_stage import TreeStage, triton_build_from_env
 from .sglang_tree_tp import replicated_head, tree_topk
 from .sglang_tree_verify import fast_accept_from_env, republish_read_done, slow_reason, verify_fast
 
@@ -129,7 +129,7 @@ def worker_class() -> type:
                 logger.info("%s: the whole LM head %s gathered on this TP rank", NAME,
                             tuple(self._head.weight.shape))
             self.tree_stage = TreeStage(device, self._tree_topk, self.plan.budget,
-                                        self.plan.depth, graphs)
+                                        self.plan.depth, graphs, triton_build_from_env(device))
             self.append_stage = AppendStage(
                 device, self._append_target_hidden_to_draft_kv_by_loc, graphs,
                 keep=lambda: fused_workspaces(self))

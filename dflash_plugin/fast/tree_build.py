@@ -17,53 +17,33 @@ from __future__ import annotations
 import math
 
 import torch
+from specdec_kernels import reference
+from specdec_kernels.reference import beam_widths
 
 from ..errors import require
 from ..sampling import SamplingParams, sampling_probs
 from ..tree import sample_ranks
 
 
-def beam_widths(depth: int, topk: int, budget: int) -> list[int]:
-    """Beam width per depth 1..min(depth, budget): min(budget, topk^d)."""
-    widths, w = [], 1
-    for _ in range(min(depth, budget)):
-        w = min(budget, w * topk)
-        widths.append(w)
-    return widths
-
-
 def build_tree(
     top_lp: torch.Tensor,  # [batch, g, k] log-probs at depths 1..g, best first (`draft_topk`)
     top_ids: torch.Tensor,  # [batch, g, k] their token ids
     budget: int,  # nodes per row: at most `tree.capacity(g, k)`
+    triton: bool = False,  # the fused Triton kernel (`specdec_kernels.tree_build`; CUDA)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # tokens, parents, depths [batch, budget]
     """Every row's tree of exactly `budget` nodes: tokens, parents (tree indices, 0 = anchor)
-    and depths (1..g)."""
+    and depths (1..g). The torch version is `specdec_kernels.reference.tree_build`; `triton`
+    runs the same build as one kernel (one program per row) instead of about 8 launches per
+    depth."""
     b, g, k = top_lp.shape
     widths = beam_widths(g, k, budget)
     require(budget <= sum(widths), "tree_budget",
             f"must be <= {sum(widths)} (the capacity of {g} levels of top-{k}), got {budget}")
-    scores, parents, tokens, depths = [], [], [], []
-    beam = top_lp.new_zeros(b, 1)  # [batch, width] scores of the previous depth's beam
-    offset = 0  # candidate index of the previous beam's first entry (-1: the root)
-    for d, w in enumerate(widths):
-        child = (beam[:, :, None] + top_lp[:, d, None, :]).reshape(b, -1)  # [batch, w_prev * k]
-        beam, idx = child.sort(dim=-1, descending=True, stable=True)
-        beam, idx = beam[:, :w], idx[:, :w]
-        scores.append(beam)
-        tokens.append(top_ids[:, d].gather(1, idx % k))
-        parents.append(idx // k + offset if d else torch.full_like(idx, -1))
-        depths.append(torch.full_like(idx, d + 1))
-        offset = sum(widths[:d])
-    score, parent_c = torch.cat(scores, 1), torch.cat(parents, 1)  # [batch, C] candidates
-    # candidates lie in (depth, score) order, so a stable sort keeps shallower ties first
-    chosen = score.sort(dim=-1, descending=True, stable=True)[1][:, :budget].sort(-1)[0]
-    index = torch.zeros_like(score, dtype=torch.long)  # candidate -> tree index (0: not kept)
-    index.scatter_(1, chosen, torch.arange(1, budget + 1, device=score.device).expand(b, -1))
-    par = parent_c.gather(1, chosen)
-    tree_parents = torch.where(par >= 0, index.gather(1, par.clamp_min(0)), 0)
-    return (torch.cat(tokens, 1).gather(1, chosen), tree_parents,
-            torch.cat(depths, 1).gather(1, chosen))
+    if triton:
+        from specdec_kernels.tree_build import tree_build
+
+        return tree_build(top_lp, top_ids, budget)
+    return reference.tree_build(top_lp, top_ids, budget)
 
 
 def _jumps(depth: int) -> int:

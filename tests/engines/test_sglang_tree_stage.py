@@ -2,7 +2,8 @@
 tensors as the eager composition (top-K over an LM head, `build_tree`, `tree_parts`) at several
 batch sizes, rounds that reuse a batch size reading that round's inputs, and (gpu-marked) the
 same under CUDA-graph replay (one graph per bucket of batch sizes, all captured by `warm`); the
-buckets; padded rows left from a larger batch; the `DFLASH_TREE_GRAPHS` switch."""
+buckets; padded rows left from a larger batch; the `DFLASH_TREE_GRAPHS` and `DFLASH_TREE_BUILD`
+switches (gpu-marked: the fused build kernel under graphs)."""
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from dflash_plugin.engines.sglang_buckets import (
     warm_buckets,
 )
 from dflash_plugin.engines.sglang_tree_input import tree_parts, with_mask
-from dflash_plugin.engines.sglang_tree_stage import TreeStage
+from dflash_plugin.engines.sglang_tree_stage import BUILD_ENV, TreeStage, triton_build_from_env
 from dflash_plugin.engines.sglang_tree_tp import tree_topk
 from dflash_plugin.errors import ConfigError
 from dflash_plugin.fast.tree_build import build_tree
@@ -46,10 +47,11 @@ def _round(bs, depth, hidden_size, vocab, seed, device):
     return hidden, bonus, seq_lens
 
 
-def _check(device, graphs):
+def _check(device, graphs, triton_build=False):
     depth, hidden_size, vocab, k, budget = 7, 32, 101, 3, 12
     head = Head(vocab, hidden_size, device)
-    stage = TreeStage(device, lambda h: tree_topk(h, head, k), budget, depth, graphs=graphs)
+    stage = TreeStage(device, lambda h: tree_topk(h, head, k), budget, depth, graphs=graphs,
+                      triton_build=triton_build)
     for seed, bs in enumerate([1, 3, 1, 5, 3, 3]):  # batch sizes come back: replays
         hidden, bonus, seq_lens = _round(bs, depth, hidden_size, vocab, seed, device)
         got = stage.run(hidden, bonus, seq_lens)
@@ -73,6 +75,24 @@ def test_stage_equals_the_eager_phase_on_cpu():
 def test_stage_equals_the_eager_phase_under_cuda_graphs():
     stage = _check(torch.device("cuda"), graphs=True)
     assert stage.graphs.enabled and sorted(stage.graphs.graphs.graphs) == [(1,), (4,), (8,)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_stage_with_the_fused_build_kernel_under_cuda_graphs():
+    """DFLASH_TREE_BUILD=triton: the same tensors as the eager torch phase, graphed."""
+    stage = _check(torch.device("cuda"), graphs=True, triton_build=True)
+    assert stage.graphs.enabled and sorted(stage.graphs.graphs.graphs) == [(1,), (4,), (8,)]
+
+
+@pytest.mark.parametrize("raw,on", [(None, False), ("torch", False), ("triton", True),
+                                    (" Triton ", True)])
+def test_build_switch(raw, on):
+    env = {} if raw is None else {BUILD_ENV: raw}
+    assert triton_build_from_env(torch.device("cuda"), env) is on
+    assert triton_build_from_env(torch.device("cpu"), env) is False  # CUDA only
+    with pytest.raises(ConfigError, match=f"{BUILD_ENV}: must be torch or triton"):
+        triton_build_from_env(torch.device("cuda"), {BUILD_ENV: "cuda"})
 
 
 @pytest.mark.gpu
