@@ -11,7 +11,9 @@
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 fa3tree-t1 engines-dflash-t1 adaptive-8b
 #   adaptive-8b-defer adaptive-t1 adaptive-q1 adaptive lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
-#   replayed its random numbers)
+#   replayed its random numbers). One 30-minute session fits about: STEPS="stage tree-kernel
+#   fastcheck fa3tree fa3tree-fast engines-dflash-fa kernels-tree-fa3-fast-8b adaptive-8b-defer"
+#   (adaptive-8b-defer runs plain beside it: its ratios stand alone)
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
