@@ -6,13 +6,14 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-04 night (most wanted first): STEPS="stage tree-kernel fastcheck fa3tree fa3tree-fast
+# Owed as of 2026-12-04 night (most wanted first): STEPS="stage tree-kernel tree-build-bench
+#   fastcheck fa3tree fa3tree-fast
 #   engines-dflash-fa kernels-tree-fa3-fast-8b sampling-plain
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 fa3tree-t1 engines-dflash-t1 adaptive-8b
 #   adaptive-8b-defer adaptive-t1 adaptive-q1 adaptive lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
 #   replayed its random numbers). One 30-minute session fits about: STEPS="stage tree-kernel
-#   fastcheck fa3tree fa3tree-fast engines-dflash-fa kernels-tree-fa3-fast-8b adaptive-8b-defer"
+#   tree-build-bench fastcheck fa3tree fa3tree-fast engines-dflash-fa kernels-tree-fa3-fast-8b adaptive-8b-defer"
 #   (adaptive-8b-defer runs plain beside it: its ratios stand alone)
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
@@ -33,6 +34,7 @@ grep -q "^stage rc=[1-9]" "$R/queue.log" && { export DFLASH_TREE_GRAPHS=0; echo 
 B=triton
 step tree-kernel 300 python3 -m pytest -q tests/kernels/test_tree_build.py -p no:cacheprovider
 grep -q "^tree-kernel rc=[1-9]" "$R/queue.log" && { B=torch; echo "tree build: torch" | tee -a "$R/queue.log"; }
+step tree-build-bench 300 python3 benchmarks/tree_build_bench.py --out "$R/tree-build"
 # 0. DFLASH_TREE with fa3 as the target's backend too (`--attention-backend fa3`): the tree
 #    verified by fa3's top-K > 1 cascade, no backend that asks the scheduler for host lengths.
 #    Ran 2026-12-04 (BENCHMARKS.md): 8B round 8.06 ms (8.76 with flashinfer), fixture 0.91x
