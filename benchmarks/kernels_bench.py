@@ -11,29 +11,15 @@ device-to-device copy. Errors are max |x - fp32 reference| on the same inputs.
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
 import platform
 import traceback
 from pathlib import Path
 
-from bench.common import checkout_first, event_ms, run_info, write_json
+from bench.common import checkout_first, event_ms, kernel_args, run_info, write_json
 
-
-def parse():
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--out", required=True)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dry-run", action="store_true", help="tiny shapes, few iterations")
-    p.add_argument("--iters", type=int, default=200)
-    p.add_argument("--no-flex", action="store_true", help="skip flex_attention (compile time)")
-    return p.parse_args()
-
-
-ARGS = parse()
-if ARGS.device == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+ARGS = kernel_args(__doc__, lambda p: p.add_argument(
+    "--no-flex", action="store_true", help="skip flex_attention (compile time)"))
 checkout_first()
 
 import torch  # noqa: E402

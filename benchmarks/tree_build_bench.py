@@ -10,25 +10,11 @@ checks that both give the same tree. Medians in microseconds.
 
 from __future__ import annotations
 
-import argparse
 import os
 
+from bench.common import checkout_first, event_ms, graph_ms, kernel_args, run_info, write_json
 
-def parse():
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--out", required=True)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dry-run", action="store_true", help="two small rows, few iterations")
-    p.add_argument("--iters", type=int, default=200)
-    return p.parse_args()
-
-
-ARGS = parse()
-if ARGS.device == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
-
-from bench.common import checkout_first, event_ms, graph_ms, run_info, write_json  # noqa: E402
-
+ARGS = kernel_args(__doc__)
 checkout_first()
 
 import torch  # noqa: E402

@@ -30,6 +30,26 @@ def fixture(name: str) -> Path:
     return FIXTURES / name
 
 
+def kernel_args(doc: str, add=None):
+    """The arguments of the kernel benchmarks (--out, --device, --dry-run, --iters, and what
+    `add(parser)` adds); on `--device cpu` Triton's interpreter is switched on, which must happen
+    before anything imports triton."""
+    import argparse
+    import os
+
+    p = argparse.ArgumentParser(description=doc)
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dry-run", action="store_true", help="tiny shapes, few iterations")
+    p.add_argument("--iters", type=int, default=200)
+    if add is not None:
+        add(p)
+    args = p.parse_args()
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return args
+
+
 def checkout_first() -> None:
     """This checkout's packages (and `benchmarks/`, for `bench`) first on sys.path."""
     for p in (str(ROOT / "benchmarks"), str(ROOT)):

@@ -113,6 +113,7 @@ class AcceptStage:
         if not self.graphs.enabled:
             return []
         sizes = warm_buckets(max_bs)
+        self.graphs.reserve(sizes[-1])  # one set of input buffers for every bucket
         w, dev = self.width, self.device
         for pad in sizes:
             z = torch.zeros(pad, w, dtype=torch.long, device=dev)

@@ -80,6 +80,7 @@ class AppendStage:
         if not self.graphs.enabled:
             return []
         sizes = warm_buckets(max_bs)
+        self.graphs.reserve(sizes[-1])  # one set of input buffers for every bucket
         for pad in sizes:
             z = torch.zeros(pad, depth1, dtype=torch.int64, device=self.device)
             self.run(torch.zeros(pad, depth1, hidden_size, dtype=dtype, device=self.device),

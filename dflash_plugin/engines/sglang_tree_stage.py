@@ -54,6 +54,7 @@ class TreeStage:
         if not self.graphs.enabled:
             return []
         sizes = warm_buckets(max_bs)
+        self.graphs.reserve(sizes[-1])  # one set of input buffers for every bucket
         for pad in sizes:
             self.run(torch.zeros(pad, self.depth, hidden_size, dtype=dtype, device=self.device),
                      torch.zeros(pad, dtype=torch.long, device=self.device),

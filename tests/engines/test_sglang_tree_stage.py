@@ -157,3 +157,28 @@ def test_graphs_switch(raw, on):
 def test_graphs_switch_refuses_other_values(raw):
     with pytest.raises(ConfigError, match=f"{ENV}: must be 0 or 1.*{raw!r}"):
         graphs_enabled({ENV: raw})
+
+
+def test_reserved_buckets_share_one_set_of_input_buffers():
+    """After `reserve(rows)` every bucket up to rows loads into views of the same buffers (the
+    start-up captures no longer hold one buffer per bucket); a larger or differently shaped
+    input gets buffers of its own, and each bucket's rows hold that load's inputs."""
+    from dflash_plugin.engines.sglang_buckets import BucketGraphs
+
+    g = BucketGraphs(torch.device("cpu"), "test")
+    g.reserve(16)
+    ptrs = set()
+    for bs in (1, 3, 9, 16, 2):
+        x = torch.arange(bs * 4, dtype=torch.float32).view(bs, 4) + bs
+        pad, (buf,) = g.load((x,))
+        assert pad == bucket(bs) and buf.shape == (pad, 4) and torch.equal(buf[:bs], x)
+        ptrs.add(buf.data_ptr())
+    assert len(ptrs) == 1
+    pad, (big,) = g.load((torch.zeros(17, 4),))  # past the reservation
+    assert pad == 24 and big.data_ptr() not in ptrs
+    pad, (other,) = g.load((torch.zeros(2, 5),))  # another shape: new buffers
+    assert other.shape == (2, 5) and other.data_ptr() not in ptrs
+    unreserved = BucketGraphs(torch.device("cpu"), "test")
+    a = unreserved.load((torch.zeros(1, 4),))[1][0]
+    b = unreserved.load((torch.zeros(3, 4),))[1][0]
+    assert a.shape == (1, 4) and b.shape == (4, 4) and a.data_ptr() != b.data_ptr()
