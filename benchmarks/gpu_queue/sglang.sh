@@ -29,10 +29,12 @@ step stage 120 python3 -m pytest -q -m gpu tests/engines/test_sglang_tree_stage.
     tests/engines/test_sglang_tree_append.py tests/engines/test_sglang_tree_accept.py \
     -p no:cacheprovider
 grep -q "^stage rc=[1-9]" "$R/queue.log" && { export DFLASH_TREE_GRAPHS=0; echo "tree graphs off" | tee -a "$R/queue.log"; }
-# 1b. the fused tree-build kernel against its torch reference, compiled (no engine; seconds);
-#     if it fails, the `fast` steps below build the tree in torch
+# 1b. the fused tree-build and acceptance kernels against their torch references, compiled (no
+#     engine; seconds);
+#     if they fail, the `fast` steps below use torch
 B=triton
-step tree-kernel 300 python3 -m pytest -q tests/kernels/test_tree_build.py -p no:cacheprovider
+step tree-kernel 300 python3 -m pytest -q tests/kernels/test_tree_build.py \
+    tests/kernels/test_tree_accept.py -p no:cacheprovider
 grep -q "^tree-kernel rc=[1-9]" "$R/queue.log" && { B=torch; echo "tree build: torch" | tee -a "$R/queue.log"; }
 step tree-build-bench 300 python3 benchmarks/tree_build_bench.py --out "$R/tree-build"
 # 0. DFLASH_TREE with fa3 as the target's backend too (`--attention-backend fa3`): the tree
@@ -48,17 +50,17 @@ step kernels-tree-fa3-8b 400 python3 benchmarks/gpu_engines.py round-cost --engi
 # 0fa. the cuts of 2026-12-04 night (not yet on a GPU): the greedy acceptance, both KV moves
 #      and the drafter append in one graph per bucket (DFLASH_TREE_FAST_ACCEPT), fa3's
 #      tree-verify metadata in one graph per batch (DFLASH_TREE_FA3_GRAPH) and the tree build
-#      in one kernel (DFLASH_TREE_BUILD, step 1b). First the first two in their
+#      and the greedy walk in one kernel each (DFLASH_TREE_KERNELS, step 1b). First the first two in their
 #      check modes (each round also runs SGLang's own acceptance / eager metadata and raises on a
 #      difference), then the T = 0 rows with both on beside `fa3tree` (above) and DFLASH's rows
 #      of the same session, then the 8B round; margins on CPU:
 #      python benchmarks/greedy_margins.py --runs $E/sglang-tree32-fa3-fast.json --out ...
 step fastcheck 400 env DFLASH_TREE_FAST_ACCEPT=check DFLASH_TREE_FA3_GRAPH=check \
-    DFLASH_TREE_BUILD=$B python3 \
+    DFLASH_TREE_KERNELS=$B python3 \
     benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
     --attention-backend fa3 --no-prefill-graphs --num-prompts 8 --max-tokens 64 \
     --concurrency 1 4 --temperatures 0 --out "$E/sglang-tree32-fa3-fastcheck.json"
-step fa3tree-fast 600 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 DFLASH_TREE_BUILD=$B \
+step fa3tree-fast 600 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 DFLASH_TREE_KERNELS=$B \
     python3 \
     benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
     --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 --temperatures 0 \
@@ -66,7 +68,7 @@ step fa3tree-fast 600 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 DFLA
 step engines-dflash-fa 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode dflash \
     --no-prefill-graphs --temperatures 0 --concurrency 1 4 8 --out "$E/sglang-dflash-fa.json"
 step kernels-tree-fa3-fast-8b 400 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 \
-    DFLASH_TREE_BUILD=$B python3 \
+    DFLASH_TREE_KERNELS=$B python3 \
     benchmarks/gpu_engines.py round-cost --engine sglang --mode tree --num-spec-tokens 32 \
     --attention-backend fa3 --no-prefill-graphs --shape qwen3-8b \
     --kernel-trace /tmp/traces/tree-fa3-fast --out "$E/kernels-sglang-tree-fa3-fast-8b.json"

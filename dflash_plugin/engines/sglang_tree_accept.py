@@ -9,10 +9,11 @@ and compacts the predictions and the hidden states (`_compact_accept_to_front`, 
 worker then appends the path's drafter KV (`sglang_tree_append`). That is about 40 launches from
 Python per round, four of them Triton's, and at the 20M fixture a round is bound by the host
 (BENCHMARKS.md, "DFLASH_TREE inside SGLang"). On the greedy path every shape depends on the
-batch size only, so `AcceptStage` does all of it in one graph per bucket: the walk
-(`fast.tree_build.greedy_path`, the fast runtime's), SGLang's outputs in the layout its
-scheduler reads, the target-KV move through the pool's own `move_kv_cache`, and the drafter-KV
-append (`append_fn`: DFLASH's, as `AppendStage` calls it).
+batch size only, so `AcceptStage` does all of it in one graph per bucket: the walk and SGLang's
+outputs in the layout its scheduler reads (`accept_round`: `specdec_kernels.reference.
+tree_accept`, whose walk is the fast runtime's `greedy_path`, or its Triton kernel), the
+target-KV move through the pool's own `move_kv_cache`, and the drafter-KV append (`append_fn`:
+DFLASH's, as `AppendStage` calls it).
 
 The move is not idempotent (a slot can be the source of one pair and the target of a later
 one), and a capture runs its function once eagerly first: a bucket is captured with every row
@@ -25,8 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from specdec_kernels import reference
 
-from ..fast.tree_build import greedy_path
 from .sglang_buckets import BucketGraphs, warm_buckets
 from .sglang_tree_append import append_kwargs
 from .sglang_tree_input import TreeVerifyTensors
@@ -42,55 +43,29 @@ class Accepted:
     new_seq_lens: torch.Tensor  # [bs] prefix's dtype: prefix + accept_lens
 
 
-def accept_greedy(
-    choice: torch.Tensor,  # [bs, W] long: the target's argmax at every tree index
-    draft: torch.Tensor,  # [bs, W] long: root (bonus of the last round), then the nodes
-    parents: torch.Tensor,  # [bs, W] long: tree index of each parent (root: 0)
-    depths: torch.Tensor,  # [bs, W] long (root: 0)
-    live: torch.Tensor,  # [bs] bool: False for a bucket's padded rows
-    depth: int,  # D: the trees' maximum depth
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(path [bs, D + 1] tree indices, on [bs, D + 1] bool: the path's entries, root included;
-    tok [bs, D + 1]: the target's token after each path entry). A dead row has no entry."""
-    path, accepted = greedy_path(draft, parents, depths, choice, depth)
-    accepted = torch.where(live, accepted, -1)
-    on = torch.arange(depth + 1, device=draft.device)[None, :] <= accepted[:, None]
-    return path, on, choice.gather(1, path)
+def accept_round(choice, draft, parents, depths, loc, live, depth: int, triton: bool = False):
+    """`specdec_kernels.reference.tree_accept` (torch) or its Triton kernel (`triton`): the
+    greedy walk of every row's tree and what follows from it: (predict [bs, W] int32 in
+    SGLang's layout, path [bs, D+1], n [bs] int32 = accept lengths, bonus [bs], tgt / src
+    [bs, D+1]: the target-KV move, the pairs SGLang's `move_accept_tokens_to_target_kvcache`
+    moves). The scheduler reads `next_token_ids[b * W : b * W + accept_lens[b]]` only (0.5.16
+    `batch_result_processor.py`); the rest of a row is 0 here (SGLang leaves leftovers)."""
+    if triton:
+        from specdec_kernels.tree_accept import tree_accept
 
-
-def sglang_outputs(path, on, tok, width: int, prefix: torch.Tensor) -> Accepted:
-    """SGLang's outputs from `accept_greedy`'s: the scheduler reads
-    `next_token_ids[b * W : b * W + accept_lens[b]]` only (0.5.16 `batch_result_processor.py`);
-    the rest of each row is 0 here (SGLang leaves leftovers there)."""
-    bs, d1 = path.shape
-    n = on.sum(-1)  # [bs] accept_lens (0 for a dead row)
-    predict = torch.zeros(bs, width, dtype=torch.int32, device=path.device)
-    predict[:, :d1] = torch.where(on, tok, 0).to(torch.int32)
-    bonus = tok.gather(1, (n - 1).clamp_min(0)[:, None])[:, 0]
-    return Accepted(predict.view(-1), n.to(torch.int32), bonus.long(), prefix + n.to(prefix.dtype))
-
-
-def move_pairs(loc: torch.Tensor,  # [bs, W] int64: the verify's slots, req_to_token[prefix:+W]
-               path: torch.Tensor, on: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target-KV move of the accepted path to the front of each verify block: (tgt, src)
-    `[bs * (D + 1)]` int64, pairs in depth order per request; no entry: slot 0 onto itself.
-    The pairs SGLang's `move_accept_tokens_to_target_kvcache` moves (its tgt is
-    req_to_token[prefix + d], the verify's own slot d)."""
-    d1 = path.shape[1]
-    tgt = torch.where(on, loc[:, :d1], 0)
-    src = torch.where(on, loc.gather(1, path), 0)
-    return tgt.reshape(-1), src.reshape(-1)
+        return tree_accept(choice, draft, parents, loc, live, depth)
+    return reference.tree_accept(choice, draft, parents, depths, loc, live, depth)
 
 
 def path_rows(hidden: torch.Tensor,  # [bs, W, h] the verify's target hidden states
-              loc: torch.Tensor, path: torch.Tensor, on: torch.Tensor, prefix: torch.Tensor):
+              loc: torch.Tensor, path: torch.Tensor, n: torch.Tensor, prefix: torch.Tensor):
     """`AppendStage`'s tensors for the accepted path (as `accepted_path` reads them after
     SGLang's compaction): hidden [bs, D+1, h], front slots and positions [bs, D+1] int64, commit
-    [bs] int32 (0 for a dead row: the prefix-valid write leaves it alone)."""
+    [bs] int32 (`n`; 0 for a dead row: the prefix-valid write leaves it alone)."""
     d1 = path.shape[1]
     hid = hidden.gather(1, path[:, :, None].expand(-1, -1, hidden.shape[-1]))
     pos = prefix.long()[:, None] + torch.arange(d1, device=path.device)
-    return hid, loc[:, :d1], pos, on.sum(-1).to(torch.int32)
+    return hid, loc[:, :d1], pos, n.to(torch.int32)
 
 
 class AcceptStage:
@@ -100,8 +75,10 @@ class AcceptStage:
 
     def __init__(self, device: torch.device, move_fn: Callable[..., None],
                  append_fn: Callable[..., None], width: int, depth: int, graphs: bool = True,
-                 keep: Callable[[], Sequence[torch.Tensor]] | None = None):
+                 keep: Callable[[], Sequence[torch.Tensor]] | None = None,
+                 triton: bool = False):
         self.device, self.move_fn, self.append_fn = device, move_fn, append_fn
+        self.triton = triton  # the walk and its outputs in one Triton kernel
         self.width, self.depth = width, depth
         self.graphs = BucketGraphs(device, "accept", graphs, keep)
         self.outputs: dict[int, Accepted] = {}  # the last run's (a graph's own)
@@ -141,10 +118,11 @@ class AcceptStage:
             (choice, draft, parents, depths, loc, hidden, prefix, self._ones[:bs]))
 
         def phase() -> None:
-            path, on, tok = accept_greedy(c, dr, par, dep, lv, self.depth)
-            self.move_fn(*move_pairs(lo, path, on))
-            self.append_fn(**append_kwargs(*path_rows(hid, lo, path, on, pre)))
-            self.outputs[pad] = sglang_outputs(path, on, tok, self.width, pre)
+            predict, path, n, bonus, tgt, src = accept_round(c, dr, par, dep, lo, lv,
+                                                             self.depth, self.triton)
+            self.move_fn(tgt.reshape(-1), src.reshape(-1))
+            self.append_fn(**append_kwargs(*path_rows(hid, lo, path, n, pre)))
+            self.outputs[pad] = Accepted(predict.view(-1), n, bonus, pre + n.to(pre.dtype))
 
         if pad > bs:
             lv[bs:].zero_()  # rows past the batch are dead

@@ -22,17 +22,18 @@ from ..fast.tree_build import build_tree
 from .sglang_buckets import BucketGraphs, warm_buckets
 from .sglang_tree_input import TreeVerifyTensors, tree_parts
 
-BUILD_ENV = "DFLASH_TREE_BUILD"
+KERNELS_ENV = "DFLASH_TREE_KERNELS"
 
 
-def triton_build_from_env(device: torch.device, environ=os.environ) -> bool:
-    """`DFLASH_TREE_BUILD`: torch (default) or triton (the fused build kernel,
-    `specdec_kernels.tree_build`: one launch in place of about 140; CUDA only, torch elsewhere);
-    a clear error otherwise."""
-    raw = environ.get(BUILD_ENV, "torch").strip().lower() or "torch"
+def triton_kernels_from_env(device: torch.device, environ=os.environ) -> bool:
+    """`DFLASH_TREE_KERNELS`: torch (default) or triton: the tree build
+    (`specdec_kernels.tree_build`, one launch in place of about 140) and the greedy acceptance
+    (`specdec_kernels.tree_accept`, one in place of about 40) as Triton kernels; CUDA only,
+    torch elsewhere. A clear error otherwise."""
+    raw = environ.get(KERNELS_ENV, "torch").strip().lower() or "torch"
     if raw not in ("torch", "triton"):
-        raise ConfigError(BUILD_ENV, f"must be torch or triton (how the tree phase builds the "
-                                     f"tree), got {raw!r}")
+        raise ConfigError(KERNELS_ENV, f"must be torch or triton (the tree phase's and the "
+                                       f"acceptance's kernels), got {raw!r}")
     return raw == "triton" and device.type == "cuda"
 
 

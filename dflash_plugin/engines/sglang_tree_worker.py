@@ -45,7 +45,7 @@ from .sglang_tree_seqlens import (
     late_seq_lens_from_env,
     wrap_publish,
 )
-from .sglang_tree_stage import TreeStage, triton_build_from_env
+from .sglang_tree_stage import TreeStage, triton_kernels_from_env
 from .sglang_tree_tp import replicated_head, tree_topk
 from .sglang_tree_verify import fast_accept_from_env, republish_read_done, slow_reason, verify_fast
 
@@ -128,8 +128,9 @@ def worker_class() -> type:
             if self._head is not mr.model.lm_head:
                 logger.info("%s: the whole LM head %s gathered on this TP rank", NAME,
                             tuple(self._head.weight.shape))
+            kernels = triton_kernels_from_env(device)  # DFLASH_TREE_KERNELS=triton
             self.tree_stage = TreeStage(device, self._tree_topk, self.plan.budget,
-                                        self.plan.depth, graphs, triton_build_from_env(device))
+                                        self.plan.depth, graphs, kernels)
             self.append_stage = AppendStage(
                 device, self._append_target_hidden_to_draft_kv_by_loc, graphs,
                 keep=lambda: fused_workspaces(self))
@@ -138,7 +139,7 @@ def worker_class() -> type:
             self.accept_stage = AcceptStage(
                 device, lambda tgt, src: self._kvcache().move_kv_cache(tgt, src),
                 self._append_target_hidden_to_draft_kv_by_loc, self.plan.width, self.plan.depth,
-                graphs, keep=lambda: fused_workspaces(self))
+                graphs, keep=lambda: fused_workspaces(self), triton=kernels)
             self._warm_stages(server_args)
             # tree-verify replays plan without a host sync (DFLASH_TREE_HOST_PLAN=0: flashinfer's)
             self._verify_layout = layout_from_env(self.plan.width)

@@ -14,11 +14,9 @@ tie-free scores. Either rule keeps every parent before its children.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from specdec_kernels import reference
-from specdec_kernels.reference import beam_widths
+from specdec_kernels.reference import beam_widths, doubling_steps, greedy_path  # noqa: F401
 
 from ..errors import require
 from ..sampling import SamplingParams, sampling_probs
@@ -46,11 +44,6 @@ def build_tree(
     return reference.tree_build(top_lp, top_ids, budget)
 
 
-def _jumps(depth: int) -> int:
-    """Pointer-doubling steps that reach every ancestor of a tree `depth` levels deep."""
-    return max(1, math.ceil(math.log2(depth + 1)))
-
-
 def ancestor_mask(
     parents: torch.Tensor,  # [batch, n + 1] long, tree index of each index's parent (root: 0)
     depth: int,  # the trees' maximum depth
@@ -60,34 +53,10 @@ def ancestor_mask(
     b, m = parents.shape
     up = parents  # after j steps: the ancestor 2^j levels up (the root stays at the root)
     seen = torch.eye(m, dtype=torch.bool, device=parents.device).expand(b, m, m)
-    for _ in range(_jumps(depth)):
+    for _ in range(doubling_steps(depth)):
         seen = seen | seen.gather(1, up[:, :, None].expand(b, m, m))
         up = up.gather(1, up)
     return seen
-
-
-def greedy_path(
-    tokens: torch.Tensor,  # [batch, n + 1] anchor, then the nodes' draft tokens
-    parents: torch.Tensor,  # [batch, n + 1] long (root: 0)
-    depths: torch.Tensor,  # [batch, n + 1] long (root: 0)
-    choice: torch.Tensor,  # [batch, n + 1] the target's argmax at every tree index
-    depth: int,  # the trees' maximum depth D
-) -> tuple[torch.Tensor, torch.Tensor]:  # path [batch, D + 1] tree indices, accepted [batch]
-    """The walk of `tree.walk_tree`, vectorised: a node is *ok* when its token is the target's
-    choice at its parent, and on the path when it and all its ancestors are ok (siblings carry
-    distinct tokens, so those nodes form one path from the root). path[:, j] is the path's node
-    at depth j for j <= accepted (path[:, 0] = 0, the anchor) and 0 past it."""
-    b, m = tokens.shape
-    good = tokens == choice.gather(1, parents)
-    good[:, 0] = True
-    up = parents
-    for _ in range(_jumps(depth)):
-        good = good & good.gather(1, up)
-        up = up.gather(1, up)
-    at = torch.where(good, depths, depth + 1)  # the dump column past the deepest depth
-    path = torch.zeros(b, depth + 2, dtype=torch.long, device=tokens.device)
-    path.scatter_(1, at, torch.arange(m, device=tokens.device).expand(b, m))
-    return path[:, :depth + 1], good[:, 1:].sum(-1)
 
 
 def child_table(

@@ -10,13 +10,7 @@ the KV once (a stand-in graph runner that runs a capture's warm-up eagerly, as C
 import pytest
 import torch
 
-from dflash_plugin.engines.sglang_tree_accept import (
-    AcceptStage,
-    accept_greedy,
-    move_pairs,
-    path_rows,
-    sglang_outputs,
-)
+from dflash_plugin.engines.sglang_tree_accept import Accepted, AcceptStage, accept_round, path_rows
 from dflash_plugin.engines.sglang_tree_input import tree_parts
 from dflash_plugin.tree import Tree, walk_tree
 from tests.engines.test_sglang_tree import random_trees, targets_for
@@ -70,10 +64,8 @@ def test_accepted_tokens_and_bonus_are_the_walks(bs, g, k, n):
     for trial in range(4):
         (tokens, parents, depths, choice, loc, hidden, prefix), t = random_round(
             bs, g, k, n, seed=trial * 100 + n)
-        live = torch.ones(bs, dtype=torch.bool)
-        path, on, tok = accept_greedy(choice, t.draft_token.view(bs, -1), t.parents, t.depths,
-                                      live, g)
-        out = sglang_outputs(path, on, tok, n + 1, prefix)
+        out = _outputs(choice, t, loc, prefix, g)
+        path = _path(choice, t, loc, g)
         assert out.predict.dtype == out.accept_lens.dtype == torch.int32
         for b in range(bs):
             tree = Tree(tokens[b].tolist(), parents[b].tolist(), depths[b].tolist())
@@ -86,15 +78,31 @@ def test_accepted_tokens_and_bonus_are_the_walks(bs, g, k, n):
             assert path[b, :a].tolist() == [0] + walked
 
 
+def _path(choice, t, loc, g):
+    bs = choice.shape[0]
+    return accept_round(choice, t.draft_token.view(bs, -1), t.parents, t.depths,
+                        loc.view(bs, -1), torch.ones(bs, dtype=torch.bool), g)[1]
+
+
+def _outputs(choice, t, loc, prefix, g) -> Accepted:
+    bs = choice.shape[0]
+    predict, _, n, bonus, _, _ = accept_round(choice, t.draft_token.view(bs, -1), t.parents,
+                                              t.depths, loc.view(bs, -1),
+                                              torch.ones(bs, dtype=torch.bool), g)
+    return Accepted(predict.view(-1), n, bonus, prefix + n.to(prefix.dtype))
+
+
 def test_move_puts_the_path_at_the_front_of_each_block():
     bs, g, k, n = 4, 9, 3, 20
     (_, _, _, choice, loc, _, _), t = random_round(bs, g, k, n, seed=7, follow=0.95)
     w = n + 1
-    path, on, _ = accept_greedy(choice, t.draft_token.view(bs, w), t.parents, t.depths,
-                                torch.ones(bs, dtype=torch.bool), g)
+    _, path, n_path, _, tgt, src = accept_round(choice, t.draft_token.view(bs, w), t.parents,
+                                                t.depths, loc.view(bs, w),
+                                                torch.ones(bs, dtype=torch.bool), g)
+    on = torch.arange(g + 1)[None, :] < n_path[:, None]
     pool = Pool("cpu")
     before = pool.kv.clone()
-    pool.move(*move_pairs(loc.view(bs, w), path, on))
+    pool.move(tgt.reshape(-1), src.reshape(-1))
     slots = loc.view(bs, w)
     for b in range(bs):
         a = int(on[b].sum())
@@ -110,14 +118,15 @@ def _direct(args, t, g, pool, drafter):
     """The stage's work as plain calls on one batch (no buckets, no graphs)."""
     _, _, _, choice, loc, hidden, prefix = args
     bs, w = choice.shape
-    path, on, tok = accept_greedy(choice, t.draft_token.view(bs, w), t.parents, t.depths,
-                                  torch.ones(bs, dtype=torch.bool, device=choice.device), g)
     lo = loc.view(bs, w).long()
-    pool.move(*move_pairs(lo, path, on))
+    predict, path, n, bonus, tgt, src = accept_round(
+        choice, t.draft_token.view(bs, w), t.parents, t.depths, lo,
+        torch.ones(bs, dtype=torch.bool, device=choice.device), g)
+    pool.move(tgt.reshape(-1), src.reshape(-1))
     from dflash_plugin.engines.sglang_tree_append import append_kwargs
 
-    drafter(**append_kwargs(*path_rows(hidden.view(bs, w, -1), lo, path, on, prefix)))
-    return sglang_outputs(path, on, tok, w, prefix)
+    drafter(**append_kwargs(*path_rows(hidden.view(bs, w, -1), lo, path, n, prefix)))
+    return Accepted(predict.view(-1), n, bonus, prefix + n.to(prefix.dtype))
 
 
 class EagerCapture:
@@ -136,9 +145,11 @@ class EagerCapture:
         fn()  # the replay
 
 
-def _check_stage(device, graphs, runner=None, sizes=(1, 4, 3, 1, 7, 5, 3, 2), g=6, k=3, n=12):
+def _check_stage(device, graphs, runner=None, sizes=(1, 4, 3, 1, 7, 5, 3, 2), g=6, k=3, n=12,
+                 triton=False):
     ours, ref = (Pool(device), DrafterKV(device)), (Pool(device), DrafterKV(device))
-    stage = AcceptStage(torch.device(device), ours[0].move, ours[1], n + 1, g, graphs)
+    stage = AcceptStage(torch.device(device), ours[0].move, ours[1], n + 1, g, graphs,
+                        triton=triton)
     if runner is not None:
         stage.graphs.graphs = runner
     for seed, bs in enumerate(sizes):  # 3 after 4: the bucket's last row is stale
@@ -171,8 +182,11 @@ def test_first_replay_of_a_bucket_moves_once():
 
 
 @pytest.mark.gpu
-def test_stage_under_cuda_graphs():
+@pytest.mark.parametrize("triton", [False, True])
+def test_stage_under_cuda_graphs(triton):
+    """Graphed, with the torch walk or the Triton kernel (DFLASH_TREE_KERNELS=triton): the same
+    as the direct torch calls."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    stage = _check_stage("cuda", graphs=True)
+    stage = _check_stage("cuda", graphs=True, triton=triton)
     assert stage.graphs.enabled and len(stage.graphs.graphs.graphs) == 4

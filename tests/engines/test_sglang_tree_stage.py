@@ -2,7 +2,7 @@
 tensors as the eager composition (top-K over an LM head, `build_tree`, `tree_parts`) at several
 batch sizes, rounds that reuse a batch size reading that round's inputs, and (gpu-marked) the
 same under CUDA-graph replay (one graph per bucket of batch sizes, all captured by `warm`); the
-buckets; padded rows left from a larger batch; the `DFLASH_TREE_GRAPHS` and `DFLASH_TREE_BUILD`
+buckets; padded rows left from a larger batch; the `DFLASH_TREE_GRAPHS` and `DFLASH_TREE_KERNELS`
 switches (gpu-marked: the fused build kernel under graphs)."""
 
 import pytest
@@ -16,7 +16,7 @@ from dflash_plugin.engines.sglang_buckets import (
     warm_buckets,
 )
 from dflash_plugin.engines.sglang_tree_input import tree_parts, with_mask
-from dflash_plugin.engines.sglang_tree_stage import BUILD_ENV, TreeStage, triton_build_from_env
+from dflash_plugin.engines.sglang_tree_stage import KERNELS_ENV, TreeStage, triton_kernels_from_env
 from dflash_plugin.engines.sglang_tree_tp import tree_topk
 from dflash_plugin.errors import ConfigError
 from dflash_plugin.fast.tree_build import build_tree
@@ -80,7 +80,7 @@ def test_stage_equals_the_eager_phase_under_cuda_graphs():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_stage_with_the_fused_build_kernel_under_cuda_graphs():
-    """DFLASH_TREE_BUILD=triton: the same tensors as the eager torch phase, graphed."""
+    """DFLASH_TREE_KERNELS=triton: the same tensors as the eager torch phase, graphed."""
     stage = _check(torch.device("cuda"), graphs=True, triton_build=True)
     assert stage.graphs.enabled and sorted(stage.graphs.graphs.graphs) == [(1,), (4,), (8,)]
 
@@ -88,11 +88,11 @@ def test_stage_with_the_fused_build_kernel_under_cuda_graphs():
 @pytest.mark.parametrize("raw,on", [(None, False), ("torch", False), ("triton", True),
                                     (" Triton ", True)])
 def test_build_switch(raw, on):
-    env = {} if raw is None else {BUILD_ENV: raw}
-    assert triton_build_from_env(torch.device("cuda"), env) is on
-    assert triton_build_from_env(torch.device("cpu"), env) is False  # CUDA only
-    with pytest.raises(ConfigError, match=f"{BUILD_ENV}: must be torch or triton"):
-        triton_build_from_env(torch.device("cuda"), {BUILD_ENV: "cuda"})
+    env = {} if raw is None else {KERNELS_ENV: raw}
+    assert triton_kernels_from_env(torch.device("cuda"), env) is on
+    assert triton_kernels_from_env(torch.device("cpu"), env) is False  # CUDA only
+    with pytest.raises(ConfigError, match=f"{KERNELS_ENV}: must be torch or triton"):
+        triton_kernels_from_env(torch.device("cuda"), {KERNELS_ENV: "cuda"})
 
 
 @pytest.mark.gpu

@@ -22,10 +22,10 @@ from tests.engines.sglang_env import shims
 shims.install()
 
 from dflash_plugin.engines.sglang_tree_accept import (  # noqa: E402
+    Accepted,
     AcceptStage,
-    accept_greedy,
+    accept_round,
     path_rows,
-    sglang_outputs,
 )
 from dflash_plugin.engines.sglang_tree_input import build_verify_tensors  # noqa: E402
 from dflash_plugin.fast.tree_build import build_tree  # noqa: E402
@@ -154,11 +154,12 @@ def test_check_mode_compares_with_sglangs_acceptance():
     bs, g, k, n = 3, 7, 3, 16
     t, choice, seq_lens, r2t, pool_idx, loc, hidden = _round(bs, g, k, n, 5)
     predict, accept_index, num_correct = _sglang_greedy(t, choice)
-    path, on, tok = accept_greedy(choice, t.draft_token.view(bs, -1), t.parents, t.depths,
-                                  torch.ones(bs, dtype=torch.bool), g)
-    acc = sglang_outputs(path, on, tok, n + 1, seq_lens)
+    out, path, n_path, bonus, _, _ = accept_round(choice, t.draft_token.view(bs, -1), t.parents,
+                                                  t.depths, loc.view(bs, -1),
+                                                  torch.ones(bs, dtype=torch.bool), g)
+    acc = Accepted(out.view(-1), n_path, bonus, seq_lens + n_path)
     compare(acc, predict, num_correct + 1, accept_index, n + 1)
-    assert path_rows(hidden.view(bs, n + 1, -1), loc.view(bs, -1), path, on, seq_lens)[3] \
+    assert path_rows(hidden.view(bs, n + 1, -1), loc.view(bs, -1), path, n_path, seq_lens)[3] \
         .tolist() == (num_correct + 1).tolist()
     bad = acc.predict.clone()
     b = int(torch.argmax(num_correct))
