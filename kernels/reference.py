@@ -264,107 +264,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-def beam_widths(depth: int, topk: int, budget: int) -> list[int]:
-    """Beam width per depth 1..min(depth, budget): min(budget, topk^d)."""
-    widths, w = [], 1
-    for _ in range(min(depth, budget)):
-        w = min(budget, w * topk)
-        widths.append(w)
-    return widths
-
-
-def tree_build(
-    top_lp: torch.Tensor,  # [batch, g, k] log-probs at depths 1..g, best first (`draft_topk`)
-    top_ids: torch.Tensor,  # [batch, g, k] their token ids
-    budget: int,  # nodes per row: at most `tree.capacity(g, k)`
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # tokens, parents, depths [batch, budget]
-    """Reference of specdec_kernels.tree_build.tree_build: every row's tree of exactly `budget`
-    nodes (the top-`budget` prefixes under the drafter's marginals) as a depth-wise beam; the top
-    N prefixes are closed under ancestors, so the top N at depth d are children of the top N at
-    depth d - 1, and a global top N over every depth's beam picks the tree. Node order: by
-    depth, then score (best first): parents precede children (tree index = order + 1; 0 is the
-    anchor). Ties: equal scores go to the shallower prefix, then to the earlier beam entry.
-    Returns tokens, parents (tree indices, 0 = anchor) and depths (1..g) [batch, budget]."""
-    b, g, k = top_lp.shape
-    widths = beam_widths(g, k, budget)
-    scores, parents, tokens, depths = [], [], [], []
-    beam = top_lp.new_zeros(b, 1)  # [batch, width] scores of the previous depth's beam
-    offset = 0  # candidate index of the previous beam's first entry (-1: the root)
-    for d, w in enumerate(widths):
-        child = (beam[:, :, None] + top_lp[:, d, None, :]).reshape(b, -1)  # [batch, w_prev * k]
-        beam, idx = child.sort(dim=-1, descending=True, stable=True)
-        beam, idx = beam[:, :w], idx[:, :w]
-        scores.append(beam)
-        tokens.append(top_ids[:, d].gather(1, idx % k))
-        parents.append(idx // k + offset if d else torch.full_like(idx, -1))
-        depths.append(torch.full_like(idx, d + 1))
-        offset = sum(widths[:d])
-    score, parent_c = torch.cat(scores, 1), torch.cat(parents, 1)  # [batch, C] candidates
-    # candidates lie in (depth, score) order, so a stable sort keeps shallower ties first
-    chosen = score.sort(dim=-1, descending=True, stable=True)[1][:, :budget].sort(-1)[0]
-    index = torch.zeros_like(score, dtype=torch.long)  # candidate -> tree index (0: not kept)
-    index.scatter_(1, chosen, torch.arange(1, budget + 1, device=score.device).expand(b, -1))
-    par = parent_c.gather(1, chosen)
-    tree_parents = torch.where(par >= 0, index.gather(1, par.clamp_min(0)), 0)
-    return (torch.cat(tokens, 1).gather(1, chosen), tree_parents,
-            torch.cat(depths, 1).gather(1, chosen))
-
-
-def doubling_steps(depth: int) -> int:
-    """Pointer-doubling steps that reach every ancestor of a tree `depth` levels deep."""
-    return max(1, math.ceil(math.log2(depth + 1)))
-
-
-def greedy_path(
-    tokens: torch.Tensor,  # [batch, n + 1] anchor, then the nodes' draft tokens
-    parents: torch.Tensor,  # [batch, n + 1] long (root: 0)
-    depths: torch.Tensor,  # [batch, n + 1] long (root: 0)
-    choice: torch.Tensor,  # [batch, n + 1] the target's argmax at every tree index
-    depth: int,  # the trees' maximum depth D
-) -> tuple[torch.Tensor, torch.Tensor]:  # path [batch, D + 1] tree indices, accepted [batch]
-    """The walk of `tree.walk_tree`, vectorised: a node is *ok* when its token is the target's
-    choice at its parent, and on the path when it and all its ancestors are ok (siblings carry
-    distinct tokens, so those nodes form one path from the root). path[:, j] is the path's node
-    at depth j for j <= accepted (path[:, 0] = 0, the anchor) and 0 past it."""
-    b, m = tokens.shape
-    good = tokens == choice.gather(1, parents)
-    good[:, 0] = True
-    up = parents
-    for _ in range(doubling_steps(depth)):
-        good = good & good.gather(1, up)
-        up = up.gather(1, up)
-    at = torch.where(good, depths, depth + 1)  # the dump column past the deepest depth
-    path = torch.zeros(b, depth + 2, dtype=torch.long, device=tokens.device)
-    path.scatter_(1, at, torch.arange(m, device=tokens.device).expand(b, m))
-    return path[:, :depth + 1], good[:, 1:].sum(-1)
-
-
-def tree_accept(
-    choice: torch.Tensor,  # [b, W] long: the target's argmax at every tree index
-    draft: torch.Tensor,  # [b, W] long: root (anchor), then the nodes' draft tokens
-    parents: torch.Tensor,  # [b, W] long: tree index of each parent (root: 0)
-    depths: torch.Tensor,  # [b, W] long (root: 0)
-    loc: torch.Tensor,  # [b, W] long: the verify's KV slot of every tree index
-    live: torch.Tensor,  # [b] bool: False for padded rows
-    depth: int,  # D: the trees' maximum depth (D + 1 <= W)
-):
-    """Reference of specdec_kernels.tree_accept.tree_accept: the greedy acceptance of a tree
-    round per row (`greedy_path`) and what follows from it. Returns
-    predict [b, W] int32: the target's token after each path node in path order, then 0;
-    path [b, D + 1] long: the path's tree index at each depth, 0 past it;
-    n [b] int32: the path's length, root included (accepted drafts + 1; 0 for a dead row);
-    bonus [b] long: the token after the last path node (0 for a dead row);
-    tgt, src [b, D + 1] long: the KV move of the path onto the front slots (the slot of the
-    path's node at depth d onto the slot of tree index d); slot 0 onto itself past the path."""
-    path, accepted = greedy_path(draft, parents, depths, choice, depth)
-    d1 = depth + 1
-    on = (torch.arange(d1, device=choice.device) <= accepted[:, None]) & live[:, None]
-    path = torch.where(on, path, 0)
-    tok = torch.where(on, choice.gather(1, path), 0)
-    n = on.sum(-1)
-    predict = torch.zeros(choice.shape, dtype=torch.int32, device=choice.device)
-    predict[:, :d1] = tok.to(torch.int32)
-    bonus = tok.gather(1, (n - 1).clamp_min(0)[:, None])[:, 0]
-    tgt = torch.where(on, loc[:, :d1], 0)
-    src = torch.where(on, loc.gather(1, path), 0)
-    return predict, path, n.to(torch.int32), bonus, tgt, src
+# the token-tree ops (tree_build, tree_accept and their parts) live in tree_reference.py
+from .tree_reference import (  # noqa: E402, F401
+    ancestor_mask,
+    beam_widths,
+    doubling_steps,
+    full_parents,
+    greedy_path,
+    mask_positions,
+    tree_accept,
+    tree_build,
+    tree_links,
+    tree_tensors,
+)

@@ -1,4 +1,5 @@
-"""The token tree of a draft block in one kernel (Triton; spec: `reference.tree_build`).
+"""The token tree of a draft block in one kernel (Triton; spec: `reference.tree_build`,
+`reference.tree_tensors`).
 
 A tree round builds, per request, the `budget` most probable prefixes under the drafter's
 per-depth top-K log-probs: a beam over depths (the top w_d = min(budget, K^d) children of the
@@ -9,7 +10,10 @@ to a signed order in the high half, the candidate's index reversed in the low ha
 descending sort is by score and then by index. That is the reference's stable sort, ties
 included. The beam lives in a per-request scratch row of global memory, which the program
 re-reads with computed indices (Triton has no gather from registers) after a barrier.
-Nothing syncs with the host (CUDA-graph friendly).
+`tree_tensors` then lays each tree out for a verify (one program per request: the draft and
+positions, the parents and depths root first, first child and next sibling, the
+ancestor-or-self mask by walking each node's parents, the FULL mask's tree positions): about
+40 launches in torch. Nothing syncs with the host (CUDA-graph friendly).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_shape, check_tensor, next_pow2
-from .reference import beam_widths
+from .tree_reference import beam_widths
 
 
 @triton.jit
@@ -128,3 +132,88 @@ def tree_build(top_lp: torch.Tensor,  # [batch, g, k] float32 log-probs, best fi
         _tree_build_kernel[(b,)](top_lp, top_ids, *out, *scratch, G=levels, K=k, N=budget,
                                  BC=bc, CB=cb, num_warps=4)
     return out[0], out[1], out[2]
+
+
+@triton.jit
+def _tree_tensors_kernel(tok_ptr, par_ptr, dep_ptr, root_ptr, lens_ptr,
+                         draft_ptr, pos_ptr, fpar_ptr, fdep_ptr, index_ptr, nxt_ptr, sib_ptr,
+                         anc_ptr, at_ptr, B,
+                         N: tl.constexpr, D: tl.constexpr, BW: tl.constexpr, RB: tl.constexpr,
+                         BB: tl.constexpr):
+    W: tl.constexpr = N + 1
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BW)
+    node = cols > 0
+    inw = cols < W
+    src = node & inw  # the nodes' own entries (tree index - 1)
+    par = tl.load(par_ptr + row * N + cols - 1, mask=src, other=0).to(tl.int64)
+    dep = tl.load(dep_ptr + row * N + cols - 1, mask=src, other=0).to(tl.int64)
+    tok = tl.load(tok_ptr + row * N + cols - 1, mask=src, other=0).to(tl.int64)
+    tok = tl.where(node, tok, tl.load(root_ptr + row).to(tl.int64))
+    length = tl.load(lens_ptr + row).to(tl.int64)
+    out = row * W + cols
+    tl.store(draft_ptr + out, tok, mask=inw)
+    tl.store(pos_ptr + out, length + dep, mask=inw)
+    tl.store(fpar_ptr + out, par, mask=inw)
+    tl.store(fdep_ptr + out, dep, mask=inw)
+    tl.store(index_ptr + out, out, mask=inw)
+    rows = tl.arange(0, BB)
+    before = tl.sum(tl.load(lens_ptr + rows, mask=rows < row, other=0).to(tl.int64), 0)
+    start = W * before + row * W * W  # the FULL mask's first entry of this request
+    tl.debug_barrier()  # the parents just stored are read back by index below
+    for i0 in tl.static_range(0, BW, RB):
+        i = i0 + tl.arange(0, RB)
+        ini = i < W
+        mine = tl.load(fpar_ptr + row * W + i, mask=ini, other=-1)
+        kids = (par[None, :] == i[:, None]) & src[None, :]
+        first = tl.min(tl.where(kids, cols[None, :], W), 1)
+        tl.store(nxt_ptr + row * W + i, tl.where(first < W, first, -1).to(tl.int64), mask=ini)
+        later = ((par[None, :] == mine[:, None]) & src[None, :] & (cols[None, :] > i[:, None])
+                 & (i[:, None] > 0))
+        nsib = tl.min(tl.where(later, cols[None, :], W), 1)
+        tl.store(sib_ptr + row * W + i, tl.where(nsib < W, nsib, -1).to(tl.int64), mask=ini)
+        anc = cols[None, :] == i[:, None]
+        up = tl.where(ini, i, 0)
+        for _ in tl.static_range(D):
+            up = tl.load(fpar_ptr + row * W + up, mask=ini, other=0)
+            anc = anc | (cols[None, :] == up[:, None])
+        tile = row * W * W + i[:, None] * W + cols[None, :]
+        both = ini[:, None] & inw[None, :]
+        tl.store(anc_ptr + tile, anc, mask=both)
+        at = start + i[:, None].to(tl.int64) * (length + W) + length + cols[None, :]
+        tl.store(at_ptr + tile, at, mask=both)
+
+
+def tree_tensors(tokens: torch.Tensor,  # [b, N] int64 draft tokens in tree order
+                 parents: torch.Tensor,  # [b, N] int64 tree index of each parent (0 = root)
+                 depths: torch.Tensor,  # [b, N] int64 1..D
+                 root: torch.Tensor,  # [b] int64 the root's token
+                 seq_lens: torch.Tensor,  # [b] int32 / int64 committed prefix lengths
+                 depth: int,  # D
+                 ):
+    """`reference.tree_tensors`'s outputs (draft, positions, parents, depths, index, first
+    child, next sibling [b, W] int64; ancestor-or-self [b, W, W] bool; FULL mask positions
+    [b, W, W] int64) in one program per row."""
+    check_tensor("tokens", tokens, dims=2, dtypes=(torch.int64,))
+    b, n = tokens.shape
+    for name, t in (("parents", parents), ("depths", depths)):
+        check_tensor(name, t, dims=2, dtypes=(torch.int64,), device=tokens.device)
+        check_shape(name, t, (b, n))
+    check_tensor("root", root, dims=1, dtypes=(torch.int64,), device=tokens.device)
+    check_tensor("seq_lens", seq_lens, dims=1, dtypes=(torch.int32, torch.int64),
+                 device=tokens.device)
+    check_shape("root", root, (b,))
+    check_shape("seq_lens", seq_lens, (b,))
+    if depth < 1:
+        raise ValueError(f"depth: must be >= 1, got {depth}")
+    w, dev = n + 1, tokens.device
+    flat = [torch.empty(b, w, dtype=torch.int64, device=dev) for _ in range(7)]
+    anc = torch.empty(b, w, w, dtype=torch.bool, device=dev)
+    at = torch.empty(b, w, w, dtype=torch.int64, device=dev)
+    if b:
+        bw = next_pow2(w)
+        _tree_tensors_kernel[(b,)](tokens, parents, depths, root, seq_lens, *flat, anc, at, b,
+                                   N=n, D=depth, BW=bw, RB=min(bw, 16), BB=next_pow2(b),
+                                   num_warps=4)
+    draft, pos, par, dep, index, nxt, sib = flat
+    return draft, pos, par, dep, index, nxt, sib, anc, at

@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from functools import cache
 
 import torch
-
-from ..fast.tree_build import ancestor_mask
+from specdec_kernels import reference
+from specdec_kernels.reference import mask_positions
 
 
 @dataclass(frozen=True)
@@ -35,42 +35,6 @@ class TreeVerifyTensors:
     parents: torch.Tensor | None = None  # [bs, W] long tree index of each parent (root: 0)
     depths: torch.Tensor | None = None  # [bs, W] long (root: 0)
     mask_at: torch.Tensor | None = None  # [bs, W, W] long `mask_positions` (the mask's tree part)
-
-
-def full_parents(parents: torch.Tensor) -> torch.Tensor:  # [bs, W] long, root's parent: 0
-    """Prepend the root (its own parent) to the nodes' parents `[bs, N]` (tree indices)."""
-    return torch.cat([parents.new_zeros(parents.shape[0], 1), parents], 1).long()
-
-
-def tree_links(
-    parents: torch.Tensor,  # [bs, W] long, from `full_parents`
-) -> tuple[torch.Tensor, torch.Tensor]:  # next_token, next_sibling [bs, W] long (-1: none)
-    """First child (smallest tree index) and next sibling (next larger index, same parent)."""
-    bs, w = parents.shape
-    idx = torch.arange(w, device=parents.device)
-    node = idx > 0  # the root is nobody's child
-    child = (parents[:, None, :] == idx[None, :, None]) & node  # [bs, i, j]: j is a child of i
-    first = torch.where(child, idx, w).min(-1).values
-    same = (parents[:, :, None] == parents[:, None, :]) & (idx[None, :] > idx[:, None])
-    same = same & node[None, :, None] & node[None, None, :]  # [bs, j, k]: k after sibling j
-    sib = torch.where(same, idx, w).min(-1).values
-    none = torch.full_like(first, -1)
-    return torch.where(first < w, first, none), torch.where(sib < w, sib, none)
-
-
-def mask_positions(
-    seq_lens: torch.Tensor,  # [bs] committed prefix lengths (device)
-    w: int,  # W: tree tokens per request
-) -> torch.Tensor:  # [bs, W, W] long: flat FULL_MASK position of anc[b, i, j]
-    """Where each tree entry of the FULL mask lies: per request W rows of seq_len + W columns,
-    requests concatenated, the tree's W columns last in each row. Device only, static shape:
-    the tree phase's graph computes it (`tree_parts`)."""
-    bs = seq_lens.shape[0]
-    lens = seq_lens.long()
-    start = w * (torch.cumsum(lens, 0) - lens) + torch.arange(bs, device=lens.device) * w * w
-    i = torch.arange(w, device=lens.device)
-    return (start[:, None, None] + i[None, :, None] * (lens + w)[:, None, None]
-            + lens[:, None, None] + i[None, None, :])
 
 
 def full_mask(
@@ -106,21 +70,19 @@ def tree_parts(
     root: torch.Tensor,  # [bs] the bonus token (root of each tree)
     seq_lens: torch.Tensor,  # [bs] committed prefix length (the root's position)
     max_depth: int,  # D: static bound on depths (the drafter block - 1, or N)
+    triton: bool = False,  # one Triton program per row (`specdec_kernels.tree_build`)
 ) -> TreeVerifyTensors:  # custom_mask None: its size depends on the host's seq_lens_sum
-    """Everything SGLang's tree verification reads but the FULL mask: static shapes and no host
-    sync, so a CUDA graph per batch size can hold it (`sglang_tree_stage`)."""
-    bs, n = tokens.shape
-    w = n + 1
-    par = full_parents(parents)
-    dep = torch.cat([depths.new_zeros(bs, 1), depths], 1).long()
-    anc = ancestor_mask(par, max(1, max_depth))
-    nxt, sib = tree_links(par)
-    draft = torch.cat([root.reshape(bs, 1).to(tokens.dtype), tokens], 1).long().reshape(-1)
-    positions = (seq_lens.long()[:, None] + dep).reshape(-1)
-    index = (torch.arange(bs, device=tokens.device)[:, None] * w
-             + torch.arange(w, device=tokens.device)[None, :])
-    return TreeVerifyTensors(draft, positions, None, index, nxt, sib, anc, w, max_depth + 1,
-                             par, dep, mask_positions(seq_lens, w))
+    """Everything SGLang's tree verification reads but the FULL mask (`reference.tree_tensors`
+    or its kernel): static shapes and no host sync, so a CUDA graph per batch size can hold it
+    (`sglang_tree_stage`)."""
+    if triton:
+        from specdec_kernels.tree_build import tree_tensors
+    else:
+        tree_tensors = reference.tree_tensors
+    draft, positions, par, dep, index, nxt, sib, anc, at = tree_tensors(
+        tokens, parents, depths, root, seq_lens, max_depth)
+    return TreeVerifyTensors(draft.reshape(-1), positions.reshape(-1), None, index, nxt, sib, anc,
+                             tokens.shape[1] + 1, max_depth + 1, par, dep, at)
 
 
 def with_mask(t: TreeVerifyTensors, seq_lens: torch.Tensor, seq_lens_sum: int,

@@ -26,8 +26,8 @@ KERNELS_ENV = "DFLASH_TREE_KERNELS"
 
 
 def triton_kernels_from_env(device: torch.device, environ=os.environ) -> bool:
-    """`DFLASH_TREE_KERNELS`: torch (default) or triton: the tree build
-    (`specdec_kernels.tree_build`, one launch in place of about 140) and the greedy acceptance
+    """`DFLASH_TREE_KERNELS`: torch (default) or triton: the tree build and the verify tensors
+    (`specdec_kernels.tree_build`: two launches in place of about 180) and the greedy acceptance
     (`specdec_kernels.tree_accept`, one in place of about 40) as Triton kernels; CUDA only,
     torch elsewhere. A clear error otherwise."""
     raw = environ.get(KERNELS_ENV, "torch").strip().lower() or "torch"
@@ -40,7 +40,8 @@ def triton_kernels_from_env(device: torch.device, environ=os.environ) -> bool:
 class TreeStage:
     """`run(hidden, bonus, seq_lens)` -> `TreeVerifyTensors` without the mask; `topk_fn(hidden)`
     gives `(top_lp, top_ids)` `[bs, D, K]` (the LM head's top-K); `budget` N, `depth` D;
-    `triton_build`: the fused build kernel (`build_tree(..., triton=True)`)."""
+    `triton_build`: the build and the verify tensors as Triton kernels (`build_tree(...,
+    triton=True)`, `tree_parts(..., triton=True)`)."""
 
     def __init__(self, device: torch.device, topk_fn, budget: int, depth: int,
                  graphs: bool = True, triton_build: bool = False):
@@ -73,7 +74,8 @@ class TreeStage:
             top_lp, top_ids = self.topk_fn(h)
             tokens, parents, depths = build_tree(top_lp, top_ids, self.budget,
                                                  triton=self.triton_build)  # [bs, N] each
-            self.outputs[pad] = tree_parts(tokens, parents, depths, b, lens, self.depth)
+            self.outputs[pad] = tree_parts(tokens, parents, depths, b, lens, self.depth,
+                                           triton=self.triton_build)
 
         self.graphs.run(pad, phase)
         return first_rows(self.outputs[pad], bs)

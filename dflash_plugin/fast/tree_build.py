@@ -16,7 +16,12 @@ from __future__ import annotations
 
 import torch
 from specdec_kernels import reference
-from specdec_kernels.reference import beam_widths, doubling_steps, greedy_path  # noqa: F401
+from specdec_kernels.reference import (  # noqa: F401 (the fast runtime imports them here)
+    ancestor_mask,
+    beam_widths,
+    doubling_steps,
+    greedy_path,
+)
 
 from ..errors import require
 from ..sampling import SamplingParams, sampling_probs
@@ -42,21 +47,6 @@ def build_tree(
 
         return tree_build(top_lp, top_ids, budget)
     return reference.tree_build(top_lp, top_ids, budget)
-
-
-def ancestor_mask(
-    parents: torch.Tensor,  # [batch, n + 1] long, tree index of each index's parent (root: 0)
-    depth: int,  # the trees' maximum depth
-) -> torch.Tensor:  # [batch, n + 1, n + 1] bool: ancestor-or-self (`tree.tree_mask`)
-    """By pointer doubling: after j steps each index sees itself and its 2^j - 1 nearest
-    ancestors."""
-    b, m = parents.shape
-    up = parents  # after j steps: the ancestor 2^j levels up (the root stays at the root)
-    seen = torch.eye(m, dtype=torch.bool, device=parents.device).expand(b, m, m)
-    for _ in range(doubling_steps(depth)):
-        seen = seen | seen.gather(1, up[:, :, None].expand(b, m, m))
-        up = up.gather(1, up)
-    return seen
 
 
 def child_table(

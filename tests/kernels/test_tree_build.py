@@ -59,3 +59,24 @@ def test_argument_errors():
         tb.tree_build(top_lp.double(), top_ids, 3)
     with pytest.raises(ValueError, match="top_ids"):
         tb.tree_build(top_lp, top_ids[:, :3], 3)
+
+
+@pytest.mark.parametrize("b,g,k,n", [(3, 7, 3, 16), (1, 4, 2, 5), (2, 15, 4, 32), (2, 6, 1, 6),
+                                     (1, 3, 3, 39)])
+def test_tree_tensors_equal_reference(monkeypatch, b, g, k, n):
+    """What the verify reads of each tree (`tree_tensors`): draft, positions, parents, depths,
+    index, links, ancestor mask and FULL-mask positions, for seq_lens of either int dtype."""
+    poison_empty(monkeypatch, tb)
+    top_lp, top_ids = case(b, g, k, 50, n)
+    tokens, parents, depths = ref.tree_build(top_lp.cpu(), top_ids.cpu(), n)
+    gen = torch.Generator().manual_seed(n)
+    root = torch.randint(0, 50, (b,), generator=gen)
+    for dtype in (torch.int64, torch.int32):
+        lens = torch.randint(1, 300, (b,), generator=gen).to(dtype)
+        got = tb.tree_tensors(*(x.to(DEV) for x in (tokens, parents, depths, root, lens)), g)
+        want = ref.tree_tensors(tokens, parents, depths, root, lens, g)
+        names = ("draft", "positions", "parents", "depths", "index", "next_token",
+                 "next_sibling", "anc", "mask_at")
+        for name, x, y in zip(names, got, want):
+            assert x.dtype == y.dtype and x.shape == y.shape, name
+            assert torch.equal(x.cpu(), y), (name, dtype)
