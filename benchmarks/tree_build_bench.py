@@ -1,8 +1,9 @@
-"""Time the token-tree build of a tree round: torch (`reference.tree_build`, about 8 launches per
-depth) against the fused Triton kernel (`specdec_kernels.tree_build`, one program per request),
-each launched eagerly and replayed as a CUDA graph, at the drafter's shape of DFLASH_TREE
-(15 depths, top-4) for node budgets 16 / 32 / 64 and 1 / 4 / 16 / 64 requests. Every row also
-checks that both give the same tree. Medians in microseconds.
+"""Time the token tree of a tree round, its build and its verify layout: torch
+(`reference.tree_build` + `reference.tree_tensors`, about 180 launches) against the Triton
+kernels (`specdec_kernels.tree_build`: `tree_build` + `tree_tensors`, one program per request
+each), each launched eagerly and replayed as a CUDA graph, at the drafter's shape of
+DFLASH_TREE (15 depths, top-4) for node budgets 16 / 32 / 64 and 1 / 4 / 16 / 64 requests.
+Every row also checks that both give the same tensors. Medians in microseconds.
 
     python benchmarks/tree_build_bench.py --out benchmarks/results/tree-build            # GPU
     python benchmarks/tree_build_bench.py --device cpu --dry-run --out OUT   # logic check
@@ -19,7 +20,7 @@ checkout_first()
 
 import torch  # noqa: E402
 from specdec_kernels import reference as ref  # noqa: E402
-from specdec_kernels.tree_build import tree_build  # noqa: E402
+from specdec_kernels import tree_build as kern  # noqa: E402
 
 DEV = torch.device(ARGS.device)
 DEPTH, TOPK, VOCAB = 15, 4, 151_936
@@ -34,19 +35,22 @@ def inputs(bs: int, seed: int):
     return top_lp.contiguous().to(DEV), ids.contiguous().to(DEV)
 
 
+def tree(ops, top_lp, top_ids, budget, root, lens):
+    """The build, then the verify layout, with `ops` (the reference module or the kernels')."""
+    return ops.tree_tensors(*ops.tree_build(top_lp, top_ids, budget), root, lens, DEPTH)
+
+
 def row(bs: int, budget: int) -> dict:
     top_lp, top_ids = inputs(bs, bs * 1000 + budget)
-    want = ref.tree_build(top_lp, top_ids, budget)
-    got = tree_build(top_lp, top_ids, budget)
-    same = all(torch.equal(a, b) for a, b in zip(got, want))
+    root = torch.zeros(bs, dtype=torch.long, device=DEV)
+    lens = torch.full((bs,), 1024, dtype=torch.long, device=DEV)
+    args = (top_lp, top_ids, budget, root, lens)
+    same = all(torch.equal(a, b) for a, b in zip(tree(kern, *args), tree(ref, *args)))
     iters = 3 if ARGS.dry_run else ARGS.iters
-    out = {"requests": bs, "budget": budget, "same_tree": same,
-           "torch_eager_us": 1e3 * event_ms(lambda: ref.tree_build(top_lp, top_ids, budget),
-                                            DEV, iters, 2),
-           "triton_eager_us": 1e3 * event_ms(lambda: tree_build(top_lp, top_ids, budget),
-                                             DEV, iters, 2)}
-    for name, fn in (("torch", ref.tree_build), ("triton", tree_build)):
-        ms, _ = graph_ms(lambda f=fn: f(top_lp, top_ids, budget), DEV, iters)
+    out = {"requests": bs, "budget": budget, "same_tree": same}
+    for name, ops in (("torch", ref), ("triton", kern)):
+        out[f"{name}_eager_us"] = 1e3 * event_ms(lambda o=ops: tree(o, *args), DEV, iters, 2)
+        ms, _ = graph_ms(lambda o=ops: tree(o, *args), DEV, iters)
         out[f"{name}_graph_us"] = None if ms is None else 1e3 * ms
     print(out, flush=True)
     return out

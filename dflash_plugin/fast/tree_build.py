@@ -1,6 +1,7 @@
-"""Token trees on the device, with static shapes and no host sync: the build, the ancestor mask,
-the greedy walk and the sampled walk (recursive rejection sampling, `tree.rejection_walk`) of the
-fast runtime's tree rounds (`tree_loop.py`).
+"""Token trees on the device, with static shapes and no host sync, for the fast runtime's tree
+rounds (`tree_loop.py`): the build (`build_tree`: torch or the Triton kernel), the ancestor mask
+and the greedy walk (torch, in `specdec_kernels.tree_reference`, re-exported here), and the
+sampled walk (recursive rejection sampling, `tree.rejection_walk`).
 
 Same trees as the reference `tree.build_tree` (the top-`budget` prefixes under the drafter's
 marginals; *tree index* 0 is the anchor, node i has tree index i + 1), built as a depth-wise
