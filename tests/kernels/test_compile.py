@@ -93,3 +93,31 @@ def test_specfold_fast_path_attention_compiles(g=4, d=128):
                       STATE=state)
         k = compile_sm90(attention._branch_attn_kernel, types, consts)
         assert k.metadata.shared <= 228 * 1024
+
+
+@pytest.mark.parametrize("n,k,g", [(32, 4, 15), (8, 2, 7)])  # (64 nodes: 73 s more, same code)
+def test_tree_kernels_compile(n, k, g):
+    """The token-tree kernels at DFLASH_TREE's default shape (15 depths of top-4, 32 nodes)."""
+    from specdec_kernels import tree_accept, tree_build
+    from specdec_kernels._checks import next_pow2
+    from specdec_kernels.tree_reference import beam_widths
+
+    widths = beam_widths(g, k, n)
+    i64, i32 = "*i64", "*i32"
+    compile_sm90(tree_build._tree_build_kernel, {
+        "lp_ptr": "*fp32", "ids_ptr": i64, "tok_ptr": i64, "par_ptr": i64, "dep_ptr": i64,
+        "s_score": "*fp32", "s_par": i32, "s_tok": i64, "s_dep": i32, "s_flag": i32},
+        {"G": len(widths), "K": k, "N": n, "BC": next_pow2(max(widths) * k),
+         "CB": next_pow2(sum(widths))})
+    w = n + 1
+    for lens in (i64, i32):
+        compile_sm90(tree_build._tree_tensors_kernel, {
+            "tok_ptr": i64, "par_ptr": i64, "dep_ptr": i64, "root_ptr": i64, "lens_ptr": lens,
+            "draft_ptr": i64, "pos_ptr": i64, "fpar_ptr": i64, "fdep_ptr": i64,
+            "index_ptr": i64, "nxt_ptr": i64, "sib_ptr": i64, "anc_ptr": "*i1", "at_ptr": i64,
+            "B": "i32"}, {"N": n, "D": g, "BW": next_pow2(w), "RB": min(next_pow2(w), 16),
+                          "BB": 64})
+    compile_sm90(tree_accept._tree_accept_kernel, {
+        "choice_ptr": i64, "draft_ptr": i64, "par_ptr": i64, "loc_ptr": i64, "live_ptr": "*i1",
+        "predict_ptr": i32, "path_ptr": i64, "n_ptr": i32, "bonus_ptr": i64, "tgt_ptr": i64,
+        "src_ptr": i64}, {"W": w, "D": g, "BW": next_pow2(w), "BD": next_pow2(g + 1)})
