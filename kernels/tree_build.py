@@ -157,8 +157,10 @@ def _tree_tensors_kernel(tok_ptr, par_ptr, dep_ptr, root_ptr, lens_ptr,
     tl.store(fpar_ptr + out, par, mask=inw)
     tl.store(fdep_ptr + out, dep, mask=inw)
     tl.store(index_ptr + out, out, mask=inw)
-    rows = tl.arange(0, BB)
-    before = tl.sum(tl.load(lens_ptr + rows, mask=rows < row, other=0).to(tl.int64), 0)
+    before = row * 0  # the lengths of the rows before this one, summed in chunks of BB
+    for r0 in range(0, B, BB):
+        rows = r0 + tl.arange(0, BB)
+        before += tl.sum(tl.load(lens_ptr + rows, mask=rows < row, other=0).to(tl.int64), 0)
     start = W * before + row * W * W  # the FULL mask's first entry of this request
     tl.debug_barrier()  # the parents just stored are read back by index below
     for i0 in tl.static_range(0, BW, RB):
@@ -213,7 +215,6 @@ def tree_tensors(tokens: torch.Tensor,  # [b, N] int64 draft tokens in tree orde
     if b:
         bw = next_pow2(w)
         _tree_tensors_kernel[(b,)](tokens, parents, depths, root, seq_lens, *flat, anc, at, b,
-                                   N=n, D=depth, BW=bw, RB=min(bw, 16), BB=next_pow2(b),
-                                   num_warps=4)
+                                   N=n, D=depth, BW=bw, RB=min(bw, 16), BB=64, num_warps=4)
     draft, pos, par, dep, index, nxt, sib = flat
     return draft, pos, par, dep, index, nxt, sib, anc, at

@@ -62,10 +62,11 @@ def test_argument_errors():
 
 
 @pytest.mark.parametrize("b,g,k,n", [(3, 7, 3, 16), (1, 4, 2, 5), (2, 15, 4, 32), (2, 6, 1, 6),
-                                     (1, 3, 3, 39)])
+                                     (1, 3, 3, 39), (70, 3, 2, 4)])
 def test_tree_tensors_equal_reference(monkeypatch, b, g, k, n):
     """What the verify reads of each tree (`tree_tensors`): draft, positions, parents, depths,
-    index, links, ancestor mask and FULL-mask positions, for seq_lens of either int dtype."""
+    index, links, ancestor mask and FULL-mask positions, for seq_lens of either int dtype (70
+    rows: the lengths before a row are summed over more than one chunk of 64)."""
     poison_empty(monkeypatch, tb)
     top_lp, top_ids = case(b, g, k, 50, n)
     tokens, parents, depths = ref.tree_build(top_lp.cpu(), top_ids.cpu(), n)
