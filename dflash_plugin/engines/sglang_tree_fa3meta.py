@@ -70,25 +70,34 @@ def inputs_key(kw: dict) -> tuple:
             spec.custom_mask.data_ptr(), int(spec.positions.numel()))
 
 
+_SETTLED: dict[str, object] = {}  # the mode at registration, the server's algorithm once known
+
+
 def _algorithm() -> str | None:
+    """The server's speculative algorithm (asked until the server args exist, then kept)."""
+    if "algorithm" in _SETTLED:
+        return _SETTLED["algorithm"]
     from sglang.srt.runtime_context import get_server_args
 
     try:
         name = get_server_args().speculative_algorithm
     except Exception:  # no server args in this process (tests, tools)
         return None
-    return str(name).upper() if name else None
+    _SETTLED["algorithm"] = str(name).upper() if name else None
+    return _SETTLED["algorithm"]
 
 
 def replay_metadata(original, backend, **kw):
-    """AROUND hook of fa3's `_apply_cuda_graph_metadata` (keyword call, as the runner makes)."""
-    if not enabled() or not graphable(backend, kw, _algorithm()):
+    """AROUND hook of fa3's `_apply_cuda_graph_metadata` (keyword call, as the runner makes);
+    installed only when the flag is on (`register_hook`), which fixes the mode."""
+    if not graphable(backend, kw, _algorithm()):
         return original(backend, **kw)
-    return run_graphed(original, backend, kw)
+    return run_graphed(original, backend, kw, check=_SETTLED.get("mode") == "check")
 
 
-def run_graphed(original, backend, kw: dict, graphs_factory=StepGraphs):
-    """`original(backend, **kw)` as one graph per (batch size, tokens), captured on first use:
+def run_graphed(original, backend, kw: dict, graphs_factory=StepGraphs, check: bool = False):
+    """`original(backend, **kw)` as one graph per (batch size, tokens), captured on first use
+    (`check`: SGLang's eager call after each replay must write the same metadata):
     the tokens (the unpadded batch's, `spec_info.positions.numel()`) bound which rows' mask
     positions it reads. A call with other input tensors than its key's graph read runs
     eagerly. Afterwards the backend's `forward_metadata` and
@@ -117,7 +126,7 @@ def run_graphed(original, backend, kw: dict, graphs_factory=StepGraphs):
         logger.info("DFLASH_TREE: fa3 tree-verify metadata in a CUDA graph for batch %d, %d "
                     "tokens", *key)
     backend.forward_metadata, backend.forward_metadata_spec_decode_expand = done[key][1]
-    if mode() == "check":
+    if check:
         check_replay(original, backend, kw)
     return None
 
@@ -142,5 +151,6 @@ def register_hook() -> None:
     """Install the AROUND hook once (HookRegistry applies it in `load_plugins`)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    _SETTLED["mode"] = mode()
     if not any(h is replay_metadata for _, h, _ in HookRegistry._hooks.get(TARGET, [])):
         HookRegistry.register(TARGET, replay_metadata, HookType.AROUND)

@@ -4,10 +4,10 @@
 `eagle_prepare_for_verify`, stream records and `forward_batch_generation`), then the target's
 argmax and `sglang_tree_accept.AcceptStage` (walk, SGLang's outputs, target-KV move, drafter-KV
 append) in place of `eagle_sample`, `fill_bonus_tokens` and `_finalize_accept_tree_path`. A
-round takes it only when SGLang's greedy branch would do nothing else (`slow_reason` names what
-sends a round back to `run_eagle_verify`: sampling, a grammar, penalties or a logit bias,
-SGLang's simulated acceptance, hybrid-model state commits, a pool that clears unaccepted
-states).
+round takes it only when SGLang's greedy branch would do nothing else. What sends a round back
+to `run_eagle_verify`: sampling, a grammar, penalties or a logit bias (`round_slow_reason`, each
+round), SGLang's simulated acceptance, a hybrid model's state commits, a pool that clears
+unaccepted states (`server_slow_reason`, once at start-up); `slow_reason` is both.
 
 `DFLASH_TREE_FAST_ACCEPT`: 0 (default: SGLang's path every round), 1, or `check` (each fast
 round also runs SGLang's `eagle_sample` on the same logits, which writes no cache, and raises
@@ -35,11 +35,8 @@ def fast_accept_from_env(environ=os.environ) -> tuple[bool, bool]:
     return raw != "0", raw == "check"
 
 
-def slow_reason(batch, target_worker, kvcache) -> str | None:
-    """Why this decode round must take SGLang's `run_eagle_verify` (None: it need not)."""
-    from sglang.srt.configs.hybrid_arch import mambaish_config
-    from sglang.srt.speculative.spec_utils import SIMULATE_ACC_LEN
-
+def round_slow_reason(batch) -> str | None:
+    """What in this round's batch sends it to SGLang's `run_eagle_verify` (None: nothing)."""
     info = batch.sampling_info
     if info is None or not info.is_all_greedy:
         return "sampling"
@@ -48,6 +45,15 @@ def slow_reason(batch, target_worker, kvcache) -> str | None:
     if any(getattr(info, a, None) is not None
            for a in ("acc_additive_penalties", "acc_scaling_penalties", "logit_bias")):
         return "penalties or logit bias"
+    return None
+
+
+def server_slow_reason(target_worker, kvcache) -> str | None:
+    """What sends every round of this server to `run_eagle_verify` (None: nothing); it does not
+    change while the server runs, so the worker asks once."""
+    from sglang.srt.configs.hybrid_arch import mambaish_config
+    from sglang.srt.speculative.spec_utils import SIMULATE_ACC_LEN
+
     if SIMULATE_ACC_LEN > 0:
         return "simulated acceptance"
     if getattr(kvcache, "clear_unaccepted_c128_draft_states", None) is not None:
@@ -55,6 +61,11 @@ def slow_reason(batch, target_worker, kvcache) -> str | None:
     if mambaish_config(target_worker.model_runner.model_config) is not None:
         return "hybrid-model state commit"
     return None
+
+
+def slow_reason(batch, target_worker, kvcache) -> str | None:
+    """Why this decode round must take SGLang's `run_eagle_verify` (None: it need not)."""
+    return round_slow_reason(batch) or server_slow_reason(target_worker, kvcache)
 
 
 def verify_fast(batch, *, target_worker, req_to_token_pool, stage: AcceptStage, tree,

@@ -47,7 +47,13 @@ from .sglang_tree_seqlens import (
 )
 from .sglang_tree_stage import TreeStage, triton_kernels_from_env
 from .sglang_tree_tp import replicated_head, tree_topk
-from .sglang_tree_verify import fast_accept_from_env, republish_read_done, slow_reason, verify_fast
+from .sglang_tree_verify import (
+    fast_accept_from_env,
+    republish_read_done,
+    round_slow_reason,
+    server_slow_reason,
+    verify_fast,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +197,11 @@ def worker_class() -> type:
             sizes = self.append_stage.warm_for(self, self.plan.depth + 1)
             if sizes:
                 logger.info("%s: drafter-KV append captured for batch buckets %s", NAME, sizes)
+            why = server_slow_reason(self.target_worker, self._kvcache()) \
+                if self._fast_accept else None  # settled by now: the pools exist
+            if why:
+                logger.info("%s: DFLASH_TREE_FAST_ACCEPT off for this server: %s", NAME, why)
+                self._fast_accept = False
             known = drafter_input(self) if self._fast_accept else None
             if known is not None and self.accept_stage.warm(*known):
                 logger.info("%s: greedy acceptance captured for batch buckets up to %d", NAME,
@@ -306,8 +317,7 @@ def worker_class() -> type:
             # 3) target verify + acceptance + target KV compaction (SGLang's EAGLE path)
             if self._verify_layout is not None:
                 self._host_plan(batch.seq_lens_cpu)
-            fast = self._fast_accept and slow_reason(batch, self.target_worker,
-                                                     self._kvcache()) is None
+            fast = self._fast_accept and round_slow_reason(batch) is None
             if fast:  # acceptance, target-KV move and drafter-KV append: one graph
                 result, acc = verify_fast(
                     batch, target_worker=self.target_worker, stage=self.accept_stage,

@@ -110,7 +110,6 @@ def test_one_capture_per_batch_size_and_the_attributes_after_a_replay():
 
 def test_off_cuda_runs_eagerly(monkeypatch):
     be, rows, lens = Backend(), torch.zeros(8, dtype=torch.long), torch.ones(8, dtype=torch.long)
-    monkeypatch.setenv(m.ENV, "1")
     monkeypatch.setattr(m, "_algorithm", lambda: "EAGLE")
     m.replay_metadata(original, be, **_kw(be, 2, rows, lens))  # another algorithm's
     assert be.calls == 1 and id(be) not in m._GRAPHS
@@ -119,12 +118,11 @@ def test_off_cuda_runs_eagerly(monkeypatch):
     m._GRAPHS.pop(id(be))
 
 
-def test_check_mode_compares_the_replay_with_sglangs_call(monkeypatch):
+def test_check_mode_compares_the_replay_with_sglangs_call():
     """`check`: after each replay SGLang's eager call runs, and a difference raises."""
     be, rows, lens = Backend(), torch.zeros(8, dtype=torch.long), torch.ones(8, dtype=torch.long)
     be.metadata = {2: (_ns(page_table=torch.zeros(3)), _ns(page_table=torch.zeros(3)))}
-    monkeypatch.setenv(m.ENV, "check")
-    m.run_graphed(original, be, _kw(be, 2, rows, lens), Runner)
+    m.run_graphed(original, be, _kw(be, 2, rows, lens), Runner, check=True)
     replays = []
 
     def drifting(backend, **kw):  # the eager call writes something else than the replay did
@@ -134,5 +132,5 @@ def test_check_mode_compares_the_replay_with_sglangs_call(monkeypatch):
             backend.metadata[2][1].page_table += 1
 
     with pytest.raises(RuntimeError, match="differs"):
-        m.run_graphed(drifting, be, _kw(be, 2, rows, lens), Runner)
+        m.run_graphed(drifting, be, _kw(be, 2, rows, lens), Runner, check=True)
     m._GRAPHS.pop(id(be))
