@@ -15,6 +15,19 @@ import math
 
 import torch
 
+from .tree_reference import (  # noqa: F401 (the token-tree ops live there)
+    ancestor_mask,
+    beam_widths,
+    doubling_steps,
+    full_parents,
+    greedy_path,
+    mask_positions,
+    tree_accept,
+    tree_build,
+    tree_links,
+    tree_tensors,
+)
+
 
 def gate(hidden: torch.Tensor, parent: torch.Tensor, delta: float, eps: float = 1e-12):
     """Residual ratio and folded mask. rho is +inf for roots.
@@ -262,18 +275,3 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
-
-
-# the token-tree ops (tree_build, tree_accept and their parts) live in tree_reference.py
-from .tree_reference import (  # noqa: E402, F401
-    ancestor_mask,
-    beam_widths,
-    doubling_steps,
-    full_parents,
-    greedy_path,
-    mask_positions,
-    tree_accept,
-    tree_build,
-    tree_links,
-    tree_tensors,
-)
