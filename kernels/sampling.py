@@ -3,6 +3,8 @@ probabilities, banned ids on logits. DFlash's target/drafter transform
 (`dflash_plugin.sampling.sampling_probs`) and Spiffy's denoising step
 (`spiffy_plugin.decode.step_distribution`) call the first two; every dLLM forward (Spiffy's
 runner and replay, SpecFold's folded forwards) bans the mask / pad ids with `ban_tokens`.
+`race_sample` draws one exact sample per row with a temperature per row (DFLASH_TREE's
+acceptance at T > 0 in SGLang).
 
 top-p keeps, in descending order of probability, every token whose preceding mass is < top_p
 (so at least the most probable one), then renormalises.
@@ -42,3 +44,32 @@ def ban_tokens(
     if banned:
         logits[..., list(banned)] = float("-inf")
     return logits
+
+
+RACE_CHUNK = 1 << 24  # elements of fp64 noise at a time (128 MB), so a large batch stays bounded
+
+
+def race_sample(
+    logits: torch.Tensor,  # [..., vocab]
+    temperature: torch.Tensor,  # broadcast to logits[..., :1]: > 0 (a greedy row's is ignored)
+    greedy: torch.Tensor | None = None,  # broadcast to logits[..., 0] bool: argmax there
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:  # [...] long
+    """One exact sample per row of softmax(logits / temperature), with no host sync and shapes
+    that depend on the input's only (it can run inside a CUDA graph): the exponential race,
+    argmax(logits / T - log E) with E ~ Exp(1) i.i.d. (-log E is Gumbel(0, 1)). E is drawn in
+    fp64: in fp32 the Gumbel tail stops near 16.6 (torch's CUDA exponential returns no E below
+    eps / 2), and at a 150k vocabulary about 1 % of the rows would hold such a cut value."""
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab)  # [N, vocab]
+    temp = temperature.expand(*logits.shape[:-1], 1).reshape(-1, 1)  # [N, 1]
+    pick = torch.empty(flat.shape[0], dtype=torch.long, device=logits.device)
+    step = max(1, RACE_CHUNK // vocab)
+    for i in range(0, flat.shape[0], step):
+        rows = flat[i:i + step]
+        e = torch.empty(rows.shape, dtype=torch.float64, device=rows.device)
+        race = rows.double().div_(temp[i:i + step]).sub_(
+            e.exponential_(generator=generator).log_())
+        pick[i:i + step] = race.argmax(-1)
+    pick = pick.view(logits.shape[:-1])
+    return pick if greedy is None else torch.where(greedy, logits.argmax(-1), pick)

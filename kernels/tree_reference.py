@@ -87,7 +87,7 @@ def greedy_path(
 
 
 def tree_accept(
-    choice: torch.Tensor,  # [b, W] long: the target's argmax at every tree index
+    choice: torch.Tensor,  # [b, W] long: the target's token at every tree index (argmax or sample)
     draft: torch.Tensor,  # [b, W] long: root (anchor), then the nodes' draft tokens
     parents: torch.Tensor,  # [b, W] long: tree index of each parent (root: 0)
     depths: torch.Tensor,  # [b, W] long (root: 0)

@@ -6,14 +6,17 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-04 night (most wanted first): STEPS="stage tree-kernel tree-build-bench
-#   fastcheck fa3tree fa3tree-fast
-#   engines-dflash-fa kernels-tree-fa3-fast-8b sampling-plain
-#   sampling-plain2 fa3tree8-t1 fa3tree16-t1 fa3tree-t1 engines-dflash-t1 adaptive-8b
-#   adaptive-8b-defer adaptive-t1 adaptive-q1 adaptive lateseq-check engines-tree32-lateseq"
+# Owed as of 2026-12-05 (most wanted first): STEPS="stage tree-kernel fastcheck fa3tree
+#   fa3tree-fast engines-dflash-fa fa3tree-fast-t1 engines-dflash-t1 sampling-plain
+#   sampling-tree-fast tree-build-bench kernels-tree-fa3-fast-8b adaptive-8b-defer sampling-plain2
+#   fa3tree8-t1 fa3tree16-t1 fa3tree-t1 adaptive-8b adaptive-t1 adaptive-q1 adaptive
+#   lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
 #   replayed its random numbers). One 30-minute session fits about: STEPS="stage tree-kernel
-#   tree-build-bench fastcheck fa3tree fa3tree-fast engines-dflash-fa kernels-tree-fa3-fast-8b adaptive-8b-defer"
+#   fastcheck fa3tree fa3tree-fast engines-dflash-fa fa3tree-fast-t1 engines-dflash-t1
+#   sampling-plain sampling-tree-fast" (the issue's batch-1 rows at T = 0 and 1, each beside
+#   DFLASH's of the same session, and the T = 1 statistics); the next session: STEPS="stage
+#   tree-kernel tree-build-bench kernels-tree-fa3-fast-8b adaptive-8b-defer fa3tree-t1"
 #   (adaptive-8b-defer runs plain beside it: its ratios stand alone)
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
@@ -55,11 +58,13 @@ step kernels-tree-fa3-8b 400 python3 benchmarks/gpu_engines.py round-cost --engi
 #      difference), then the T = 0 rows with both on beside `fa3tree` (above) and DFLASH's rows
 #      of the same session, then the 8B round; margins on CPU:
 #      python benchmarks/greedy_margins.py --runs $E/sglang-tree32-fa3-fast.json --out ...
+#      The check runs T = 1 too: since 2026-12-05 the fast acceptance also takes T > 0 rounds
+#      (a sample per node, `race_sample`), each walk compared with SGLang's walk of the same samples
 step fastcheck 400 env DFLASH_TREE_FAST_ACCEPT=check DFLASH_TREE_FA3_GRAPH=check \
     DFLASH_TREE_KERNELS=$B python3 \
     benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
     --attention-backend fa3 --no-prefill-graphs --num-prompts 8 --max-tokens 64 \
-    --concurrency 1 4 --temperatures 0 --out "$E/sglang-tree32-fa3-fastcheck.json"
+    --concurrency 1 4 --temperatures 0 1 --out "$E/sglang-tree32-fa3-fastcheck.json"
 step fa3tree-fast 600 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 DFLASH_TREE_KERNELS=$B \
     python3 \
     benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
@@ -72,7 +77,27 @@ step kernels-tree-fa3-fast-8b 400 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_
     benchmarks/gpu_engines.py round-cost --engine sglang --mode tree --num-spec-tokens 32 \
     --attention-backend fa3 --no-prefill-graphs --shape qwen3-8b \
     --kernel-trace /tmp/traces/tree-fa3-fast --out "$E/kernels-sglang-tree-fa3-fast-8b.json"
-# 0t1. T = 1 with fa3 verifying the tree, then DFLASH at T = 1 in the same session
+# 0ft1. T = 1 with the fast acceptance (2026-12-04 with SGLang's: 1.08x DFLASH at 1 request),
+#       DFLASH at T = 1 in the same session, then the statistics: 4 prompts x 2,000 completions
+#       against plain's, on CPU afterwards:
+#       python benchmarks/gpu_sampling.py compare $R/gpu-sampling/tree-fast.json $R/gpu-sampling/plain.json
+step fa3tree-fast-t1 600 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 \
+    DFLASH_TREE_KERNELS=$B python3 \
+    benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
+    --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 --temperatures 1 \
+    --out "$E/sglang-tree32-fa3-fast-t1.json"
+step engines-dflash-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode dflash \
+    --no-prefill-graphs --temperatures 1 --concurrency 1 4 8 --out "$E/sglang-dflash-t1.json"
+for m in plain tree-fast; do
+  case $m in
+    plain) a=(--mode plain) ;;
+    tree-fast) a=(--mode tree --num-spec-tokens 32 --attention-backend fa3) ;;
+  esac
+  step sampling-$m 400 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 \
+      DFLASH_TREE_KERNELS=$B python3 benchmarks/gpu_sampling.py run --engine sglang "${a[@]}" \
+      --no-prefill-graphs --out "$R/gpu-sampling/$m.json"
+done
+# 0t1. T = 1 with fa3 verifying the tree (SGLang's acceptance)
 step fa3tree-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
     --num-spec-tokens 32 --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 \
     --temperatures 1 --out "$E/sglang-tree32-fa3-t1.json"
@@ -83,14 +108,11 @@ for n in 8 16; do
       --num-spec-tokens $n --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 \
       --temperatures 1 --out "$E/sglang-tree$n-fa3-t1.json"
 done
-step engines-dflash-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode dflash \
-    --no-prefill-graphs --temperatures 1 --concurrency 1 4 8 --out "$E/sglang-dflash-t1.json"
 # 0s. lossless at T = 1, by statistics: 4 prompts x 2,000 sampled completions of 6 tokens per
 #     mode (plain twice: the test's own false-positive check); on CPU afterwards:
 #     python benchmarks/gpu_sampling.py compare $R/gpu-sampling/tree-fa3.json $R/gpu-sampling/plain.json
-for m in plain plain2 tree-fa3 tree dflash; do
+for m in plain2 tree-fa3 tree dflash; do
   case $m in
-    plain) a=(--mode plain) ;;
     plain2) a=(--mode plain --seed 1) ;;  # same seed and order: the same random numbers
     tree-fa3) a=(--mode tree --num-spec-tokens 32 --attention-backend fa3) ;;
     tree) a=(--mode tree --num-spec-tokens 32 --draft-attention-backend fa3) ;;

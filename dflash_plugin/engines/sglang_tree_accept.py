@@ -1,4 +1,4 @@
-"""Greedy acceptance of a DFLASH_TREE round, one CUDA graph per batch bucket (no SGLang import
+"""The acceptance of a DFLASH_TREE round, one CUDA graph per batch bucket (no SGLang import
 here).
 
 After the target's tree verify, SGLang 0.5.16's EAGLE path (`run_eagle_verify`) walks the tree
@@ -8,7 +8,8 @@ accepted path's target KV to the front of each request's verify block
 and compacts the predictions and the hidden states (`_compact_accept_to_front`, twice); the
 worker then appends the path's drafter KV (`sglang_tree_append`). That is about 40 launches from
 Python per round, four of them Triton's, and at the 20M fixture a round is bound by the host
-(BENCHMARKS.md, "DFLASH_TREE inside SGLang"). On the greedy path every shape depends on the
+(BENCHMARKS.md, "DFLASH_TREE inside SGLang"). Given the target's token at every node (its
+argmax, or at T > 0 a sample: `sglang_tree_verify.target_choice`) every shape depends on the
 batch size only, so `AcceptStage` does all of it in one graph per bucket: the walk and SGLang's
 outputs in the layout its scheduler reads (`accept_round`: `specdec_kernels.reference.
 tree_accept`, whose walk is the fast runtime's `greedy_path`, or its Triton kernel), the
@@ -98,7 +99,7 @@ class AcceptStage:
                        z[:, 0], live=False)
         return sizes if self.graphs.enabled else []
 
-    def run(self, choice: torch.Tensor,  # [bs, W] long the target's argmax per tree index
+    def run(self, choice: torch.Tensor,  # [bs, W] long the target's token per tree index
             t: TreeVerifyTensors,  # the round's tree (first bs rows; parents and depths set)
             loc: torch.Tensor,  # [bs * W] the verify's out_cache_loc
             hidden: torch.Tensor,  # [bs * W, h] the verify's target hidden states

@@ -51,6 +51,7 @@ from .sglang_tree_verify import (
     fast_accept_from_env,
     republish_read_done,
     round_slow_reason,
+    sampling_slow_reason,
     server_slow_reason,
     verify_fast,
 )
@@ -140,8 +141,12 @@ def worker_class() -> type:
             self.append_stage = AppendStage(
                 device, self._append_target_hidden_to_draft_kv_by_loc, graphs,
                 keep=lambda: fused_workspaces(self))
-            # DFLASH_TREE_FAST_ACCEPT=1: greedy acceptance, both KV moves in one graph
+            # DFLASH_TREE_FAST_ACCEPT=1: the acceptance and both KV moves in one graph
             self._fast_accept, self._fast_check = fast_accept_from_env()
+            why = sampling_slow_reason(server_args) if self._fast_accept else None
+            if why:
+                logger.info("%s: T > 0 rounds take SGLang's acceptance: %s", NAME, why)
+            self._fast_sampling = self._fast_accept and why is None
             self.accept_stage = AcceptStage(
                 device, lambda tgt, src: self._kvcache().move_kv_cache(tgt, src),
                 self._append_target_hidden_to_draft_kv_by_loc, self.plan.width, self.plan.depth,
@@ -317,7 +322,7 @@ def worker_class() -> type:
             # 3) target verify + acceptance + target KV compaction (SGLang's EAGLE path)
             if self._verify_layout is not None:
                 self._host_plan(batch.seq_lens_cpu)
-            fast = self._fast_accept and round_slow_reason(batch) is None
+            fast = self._fast_accept and round_slow_reason(batch, self._fast_sampling) is None
             if fast:  # acceptance, target-KV move and drafter-KV append: one graph
                 result, acc = verify_fast(
                     batch, target_worker=self.target_worker, stage=self.accept_stage,
