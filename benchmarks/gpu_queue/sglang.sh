@@ -7,17 +7,15 @@
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
 # Owed as of 2026-12-05 (most wanted first): STEPS="stage tree-kernel fastcheck fa3tree
-#   fa3tree-fast engines-dflash-fa fa3tree-fast-t1 engines-dflash-t1 sampling-plain
-#   sampling-tree-fast tree-build-bench kernels-tree-fa3-fast-8b adaptive-8b-defer sampling-plain2
-#   fa3tree8-t1 fa3tree16-t1 fa3tree-t1 adaptive-8b adaptive-t1 adaptive-q1 adaptive
-#   lateseq-check engines-tree32-lateseq"
+#   fa3tree-fast engines-dflash-fa sampling-plain sampling-tree-fast tree-build-bench
+#   kernels-tree-fa3-fast-8b adaptive-8b-defer sampling-plain2 fa3tree8-t1 fa3tree16-t1
+#   adaptive-8b adaptive-t1 adaptive-q1 adaptive lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
 #   replayed its random numbers). One 30-minute session fits about: STEPS="stage tree-kernel
-#   fastcheck fa3tree fa3tree-fast engines-dflash-fa fa3tree-fast-t1 engines-dflash-t1
-#   sampling-plain sampling-tree-fast" (the issue's batch-1 rows at T = 0 and 1, each beside
-#   DFLASH's of the same session, and the T = 1 statistics); the next session: STEPS="stage
-#   tree-kernel tree-build-bench kernels-tree-fa3-fast-8b adaptive-8b-defer fa3tree-t1"
-#   (adaptive-8b-defer runs plain beside it: its ratios stand alone)
+#   fastcheck fa3tree fa3tree-fast engines-dflash-fa sampling-plain sampling-tree-fast" (the
+#   issue's batch-1 rows at T = 0 and 1, SGLang's acceptance, ours and DFLASH's from one engine
+#   start each, and the T = 1 statistics); the next: STEPS="stage tree-kernel tree-build-bench
+#   kernels-tree-fa3-fast-8b adaptive-8b-defer" (adaptive-8b-defer runs plain beside it)
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -46,7 +44,7 @@ step tree-build-bench 300 python3 benchmarks/tree_build_bench.py --out "$R/tree-
 #    DFLASH at 1 request, T = 0 margins 0.062. Next: its T = 1 rows beside DFLASH's (0t1)
 step fa3tree 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
     --num-spec-tokens 32 --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 \
-    --temperatures 0 --out "$E/sglang-tree32-fa3.json"
+    --temperatures 0 1 --out "$E/sglang-tree32-fa3.json"
 step kernels-tree-fa3-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang \
     --mode tree --num-spec-tokens 32 --attention-backend fa3 --no-prefill-graphs \
     --shape qwen3-8b --kernel-trace /tmp/traces/tree-fa3 --out "$E/kernels-sglang-tree-fa3-8b.json"
@@ -55,8 +53,8 @@ step kernels-tree-fa3-8b 400 python3 benchmarks/gpu_engines.py round-cost --engi
 #      tree-verify metadata in one graph per batch (DFLASH_TREE_FA3_GRAPH) and the tree build
 #      and the greedy walk in one kernel each (DFLASH_TREE_KERNELS, step 1b). First the first two in their
 #      check modes (each round also runs SGLang's own acceptance / eager metadata and raises on a
-#      difference), then the T = 0 rows with both on beside `fa3tree` (above) and DFLASH's rows
-#      of the same session, then the 8B round; margins on CPU:
+#      difference), then the T = 0 and T = 1 rows with both on beside `fa3tree` (above) and
+#      DFLASH's rows of the same session, then the 8B round; margins on CPU:
 #      python benchmarks/greedy_margins.py --runs $E/sglang-tree32-fa3-fast.json --out ...
 #      The check runs T = 1 too: since 2026-12-05 the fast acceptance also takes T > 0 rounds
 #      (a sample per node, `race_sample`), each walk compared with SGLang's walk of the same samples
@@ -68,26 +66,19 @@ step fastcheck 400 env DFLASH_TREE_FAST_ACCEPT=check DFLASH_TREE_FA3_GRAPH=check
 step fa3tree-fast 600 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 DFLASH_TREE_KERNELS=$B \
     python3 \
     benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
-    --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 --temperatures 0 \
+    --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 --temperatures 0 1 \
     --out "$E/sglang-tree32-fa3-fast.json"
 step engines-dflash-fa 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode dflash \
-    --no-prefill-graphs --temperatures 0 --concurrency 1 4 8 --out "$E/sglang-dflash-fa.json"
+    --no-prefill-graphs --temperatures 0 1 --concurrency 1 4 8 --out "$E/sglang-dflash-fa.json"
 step kernels-tree-fa3-fast-8b 400 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 \
     DFLASH_TREE_KERNELS=$B python3 \
     benchmarks/gpu_engines.py round-cost --engine sglang --mode tree --num-spec-tokens 32 \
     --attention-backend fa3 --no-prefill-graphs --shape qwen3-8b \
     --kernel-trace /tmp/traces/tree-fa3-fast --out "$E/kernels-sglang-tree-fa3-fast-8b.json"
-# 0ft1. T = 1 with the fast acceptance (2026-12-04 with SGLang's: 1.08x DFLASH at 1 request),
-#       DFLASH at T = 1 in the same session, then the statistics: 4 prompts x 2,000 completions
-#       against plain's, on CPU afterwards:
+# 0ft1. the T = 1 statistics of the fast acceptance (fa3tree-fast above times T = 1 since
+#       2026-12-05; 2026-12-04 with SGLang's acceptance: 1.08x DFLASH at 1 request):
+#       4 prompts x 2,000 completions against plain's, on CPU afterwards:
 #       python benchmarks/gpu_sampling.py compare $R/gpu-sampling/tree-fast.json $R/gpu-sampling/plain.json
-step fa3tree-fast-t1 600 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 \
-    DFLASH_TREE_KERNELS=$B python3 \
-    benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
-    --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 --temperatures 1 \
-    --out "$E/sglang-tree32-fa3-fast-t1.json"
-step engines-dflash-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode dflash \
-    --no-prefill-graphs --temperatures 1 --concurrency 1 4 8 --out "$E/sglang-dflash-t1.json"
 for m in plain tree-fast; do
   case $m in
     plain) a=(--mode plain) ;;
@@ -97,7 +88,7 @@ for m in plain tree-fast; do
       DFLASH_TREE_KERNELS=$B python3 benchmarks/gpu_sampling.py run --engine sglang "${a[@]}" \
       --no-prefill-graphs --out "$R/gpu-sampling/$m.json"
 done
-# 0t1. T = 1 with fa3 verifying the tree (SGLang's acceptance)
+# 0t1. T = 1 with fa3 verifying the tree (SGLang's acceptance), then DFLASH at T = 1
 step fa3tree-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \
     --num-spec-tokens 32 --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 \
     --temperatures 1 --out "$E/sglang-tree32-fa3-t1.json"
@@ -108,6 +99,8 @@ for n in 8 16; do
       --num-spec-tokens $n --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 \
       --temperatures 1 --out "$E/sglang-tree$n-fa3-t1.json"
 done
+step engines-dflash-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode dflash \
+    --no-prefill-graphs --temperatures 1 --concurrency 1 4 8 --out "$E/sglang-dflash-t1.json"
 # 0s. lossless at T = 1, by statistics: 4 prompts x 2,000 sampled completions of 6 tokens per
 #     mode (plain twice: the test's own false-positive check); on CPU afterwards:
 #     python benchmarks/gpu_sampling.py compare $R/gpu-sampling/tree-fa3.json $R/gpu-sampling/plain.json
