@@ -17,6 +17,7 @@ import heapq
 from dataclasses import dataclass
 
 import torch
+from specdec_kernels.sampling import gumbel_keys
 
 from .errors import require
 from .sampling import SamplingParams, sampling_probs
@@ -109,11 +110,9 @@ def sample_ranks(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:  # [..., g, topk] long
     """A sample without replacement of `topk` tokens per depth, in draw order (Gumbel top-k:
-    the order of log q + Gumbel noise). Past q's support the ranks hold zero-probability
+    the order of `gumbel_keys(log q)`). Past q's support the ranks hold zero-probability
     tokens, which `rejection_walk` never accepts."""
-    u = torch.rand(q.shape, generator=generator, device=q.device).clamp_(1e-20, 1.0)
-    keys = q.float().log() - (-u.log()).log()  # log q + Gumbel(0, 1)
-    return keys.topk(topk, dim=-1).indices
+    return gumbel_keys(q.float().log(), generator).topk(topk, dim=-1).indices
 
 
 def sampled_drafts(

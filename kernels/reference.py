@@ -18,13 +18,16 @@ import torch
 from .tree_reference import (  # noqa: F401 (the token-tree ops live there)
     ancestor_mask,
     beam_widths,
+    child_table,
     doubling_steps,
     full_parents,
     greedy_path,
     mask_positions,
+    path_outputs,
     tree_accept,
     tree_build,
     tree_links,
+    tree_rejection,
     tree_tensors,
 )
 

@@ -3,8 +3,9 @@ probabilities, banned ids on logits. DFlash's target/drafter transform
 (`dflash_plugin.sampling.sampling_probs`) and Spiffy's denoising step
 (`spiffy_plugin.decode.step_distribution`) call the first two; every dLLM forward (Spiffy's
 runner and replay, SpecFold's folded forwards) bans the mask / pad ids with `ban_tokens`.
-`race_sample` draws one exact sample per row with a temperature per row (DFLASH_TREE's
-acceptance at T > 0 in SGLang).
+`gumbel_keys` are the Gumbel-max keys (fp64 noise) behind every sample of this kind: `race_sample`
+draws one exact sample per row with a temperature per row (DFLASH_TREE's acceptance at T > 0 in
+SGLang), `dflash_plugin.tree.sample_ranks` a tree's siblings.
 
 top-p keeps, in descending order of probability, every token whose preceding mass is < top_p
 (so at least the most probable one), then renormalises.
@@ -49,6 +50,19 @@ def ban_tokens(
 RACE_CHUNK = 1 << 24  # elements of fp64 noise at a time (128 MB), so a large batch stays bounded
 
 
+def gumbel_keys(
+    scores: torch.Tensor,  # [..., vocab] log-probabilities up to a constant per row
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:  # [..., vocab] fp64: scores + Gumbel(0, 1) noise, i.i.d.
+    """The Gumbel-max keys: their argmax is one exact sample of softmax(scores), their top k a
+    sample of k tokens without replacement, in draw order. The noise is -log E with E ~ Exp(1)
+    drawn in fp64: in fp32 the Gumbel tail stops near 16.6 (torch's CUDA exponential returns no
+    E below eps / 2), and at a 150k vocabulary about 1 % of the rows would hold such a cut
+    value."""
+    e = torch.empty(scores.shape, dtype=torch.float64, device=scores.device)
+    return scores.to(torch.float64, copy=True).sub_(e.exponential_(generator=generator).log_())
+
+
 def race_sample(
     logits: torch.Tensor,  # [..., vocab]
     temperature: torch.Tensor,  # broadcast to logits[..., :1]: > 0 (a greedy row's is ignored)
@@ -56,20 +70,15 @@ def race_sample(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:  # [...] long
     """One exact sample per row of softmax(logits / temperature), with no host sync and shapes
-    that depend on the input's only (it can run inside a CUDA graph): the exponential race,
-    argmax(logits / T - log E) with E ~ Exp(1) i.i.d. (-log E is Gumbel(0, 1)). E is drawn in
-    fp64: in fp32 the Gumbel tail stops near 16.6 (torch's CUDA exponential returns no E below
-    eps / 2), and at a 150k vocabulary about 1 % of the rows would hold such a cut value."""
+    that depend on the input's only (it can run inside a CUDA graph): the argmax of
+    `gumbel_keys(logits / T)`, RACE_CHUNK elements at a time."""
     vocab = logits.shape[-1]
     flat = logits.reshape(-1, vocab)  # [N, vocab]
     temp = temperature.expand(*logits.shape[:-1], 1).reshape(-1, 1)  # [N, 1]
     pick = torch.empty(flat.shape[0], dtype=torch.long, device=logits.device)
     step = max(1, RACE_CHUNK // vocab)
     for i in range(0, flat.shape[0], step):
-        rows = flat[i:i + step]
-        e = torch.empty(rows.shape, dtype=torch.float64, device=rows.device)
-        race = rows.double().div_(temp[i:i + step]).sub_(
-            e.exponential_(generator=generator).log_())
-        pick[i:i + step] = race.argmax(-1)
+        rows = flat[i:i + step].double() / temp[i:i + step]
+        pick[i:i + step] = gumbel_keys(rows, generator).argmax(-1)
     pick = pick.view(logits.shape[:-1])
     return pick if greedy is None else torch.where(greedy, logits.argmax(-1), pick)

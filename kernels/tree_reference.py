@@ -1,8 +1,8 @@
-"""Pure-torch references (the spec) of the token-tree kernels (`tree_build`, `tree_accept`) and
-of their parts; re-exported by `reference`. Terms: *tree index* 0 is the anchor (the root: the
-last committed token), node i of a tree of N nodes has tree index i + 1, and every parent has a
-smaller tree index than its children; W = N + 1; D = the trees' maximum depth.
-"""
+"""Pure-torch references (the spec) of the token-tree kernels (`tree_build`, `tree_accept`,
+`tree_rejection`) and of their parts; re-exported by `reference`. Terms: *tree index* 0 is the
+anchor (the root: the last committed token), node i of a tree of N nodes has tree index i + 1,
+and every parent has a smaller tree index than its children; W = N + 1; D = the trees' maximum
+depth."""
 
 from __future__ import annotations
 
@@ -96,25 +96,112 @@ def tree_accept(
     depth: int,  # D: the trees' maximum depth (D + 1 <= W)
 ):
     """Reference of specdec_kernels.tree_accept.tree_accept: the greedy acceptance of a tree
-    round per row (`greedy_path`) and what follows from it. Returns
+    round per row (`greedy_path`) and what follows from it (`path_outputs`)."""
+    path, accepted = greedy_path(draft, parents, depths, choice, depth)
+    return path_outputs(choice.gather(1, path), path, accepted, loc, live)
+
+
+def path_outputs(
+    tok: torch.Tensor,  # [b, D + 1] long: the target's token after each path node (then any)
+    path: torch.Tensor,  # [b, D + 1] long: the path's tree index at each depth (then any)
+    accepted: torch.Tensor,  # [b] accepted drafts (the path's length without the root)
+    loc: torch.Tensor,  # [b, W] long: the verify's KV slot of every tree index
+    live: torch.Tensor,  # [b] bool: False for padded rows
+):
+    """What a round commits, given its path. Returns
     predict [b, W] int32: the target's token after each path node in path order, then 0;
     path [b, D + 1] long: the path's tree index at each depth, 0 past it;
     n [b] int32: the path's length, root included (accepted drafts + 1; 0 for a dead row);
     bonus [b] long: the token after the last path node (0 for a dead row);
     tgt, src [b, D + 1] long: the KV move of the path onto the front slots (the slot of the
     path's node at depth d onto the slot of tree index d); slot 0 onto itself past the path."""
-    path, accepted = greedy_path(draft, parents, depths, choice, depth)
-    d1 = depth + 1
-    on = (torch.arange(d1, device=choice.device) <= accepted[:, None]) & live[:, None]
+    d1 = path.shape[1]
+    on = (torch.arange(d1, device=path.device) <= accepted[:, None]) & live[:, None]
     path = torch.where(on, path, 0)
-    tok = torch.where(on, choice.gather(1, path), 0)
+    tok = torch.where(on, tok, 0)
     n = on.sum(-1)
-    predict = torch.zeros(choice.shape, dtype=torch.int32, device=choice.device)
+    predict = torch.zeros(loc.shape, dtype=torch.int32, device=loc.device)
     predict[:, :d1] = tok.to(torch.int32)
     bonus = tok.gather(1, (n - 1).clamp_min(0)[:, None])[:, 0]
     tgt = torch.where(on, loc[:, :d1], 0)
     src = torch.where(on, loc.gather(1, path), 0)
     return predict, path, n.to(torch.int32), bonus, tgt, src
+
+
+def child_table(
+    parents: torch.Tensor,  # [batch, m] long, tree index of each index's parent (root: 0)
+    topk: int,  # children per node at most
+) -> torch.Tensor:  # [batch, m, topk] long: tree index of each node's r-th child, 0 = none
+    """A node's children in tree-index order, which is their rank order (`tree_build` orders
+    siblings by score, best first)."""
+    b, m = parents.shape
+    idx = torch.arange(m, device=parents.device)
+    sib = (parents[:, :, None] == parents[:, None, :]) & (idx[None, None] < idx[None, :, None])
+    rank = sib[:, :, 1:].sum(-1)  # [batch, m] earlier siblings (the root, index 0, is none)
+    row = torch.where(idx >= 1, parents, 0)
+    col = torch.where(idx >= 1, rank, topk)  # the root goes to a dump column
+    kid = torch.zeros(b, m * (topk + 1), dtype=torch.long, device=parents.device)
+    kid.scatter_(1, row * (topk + 1) + col, idx.expand(b, m))
+    return kid.view(b, m, topk + 1)[:, :, :topk]
+
+
+def tree_rejection(
+    p: torch.Tensor,  # [b, W, V] the target's (transformed) probabilities at every tree index
+    q: torch.Tensor,  # [b, D, V] the drafter's probabilities at depths 1..D (the proposal)
+    draft: torch.Tensor,  # [b, W] long: root, then the nodes' draft tokens
+    parents: torch.Tensor,  # [b, W] long (root: 0)
+    u: torch.Tensor,  # [b, D, K] uniforms in [0, 1): the trial of rank i's child at depth j + 1
+    u_bonus: torch.Tensor,  # [b] a uniform in [0, 1): the bonus
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # path [b, D + 1], accepted [b], bonus [b]
+    """Reference of specdec_kernels.tree_rejection.tree_rejection: recursive rejection sampling
+    down every row's tree (`dflash_plugin.tree.rejection_walk`), in D x K static steps. At a
+    node r is the target's p there and s the proposal of the next depth; its children are tried
+    in rank order (tree-index order): child x is kept when u * s(x) < r(x), and the row moves
+    to it (r resets to p there); a rejection sets r to normalize(max(r - s, 0)) (left as it was
+    if that is 0 everywhere, an event of probability 0) and takes x out of s (renormalised); a
+    child with s(x) = 0 ends the node (the siblings were drawn from s without replacement, so
+    none after it is in s's support). Where no child is kept, the bonus is the first token whose
+    cumulative r (fp64) exceeds u_bonus times r's total (the last token with r > 0 if rounding
+    leaves none). Every emitted token then follows the target's distribution given the tokens
+    before it. path[:, j] is the path's tree index at depth j (0 past it), as `greedy_path`'s."""
+    b, w, v = p.shape
+    depth, k = u.shape[1], u.shape[2]
+    kid = child_table(parents, k)
+    rows = torch.arange(b, device=p.device)
+    cur = torch.zeros(b, dtype=torch.long, device=p.device)
+    alive = torch.ones(b, dtype=torch.bool, device=p.device)
+    accepted = torch.zeros(b, dtype=torch.long, device=p.device)
+    path = torch.zeros(b, depth + 1, dtype=torch.long, device=p.device)
+    r = p[:, 0].float()  # [b, V]
+    for j in range(depth):
+        s = q[:, j].float()
+        moved = torch.zeros_like(alive)
+        stop = torch.zeros_like(alive)
+        for i in range(k):
+            c = kid[rows, cur, i]  # [b] 0 = no such child
+            x = draft.gather(1, c[:, None])
+            sx, rx = s.gather(1, x)[:, 0], r.gather(1, x)[:, 0]
+            ready = alive & ~moved & ~stop & (c > 0)
+            stop = stop | (ready & (sx <= 0))
+            tried = ready & (sx > 0)
+            keep = tried & (u[:, j, i] * sx < rx)
+            miss = (tried & ~keep)[:, None]
+            residual = (r - s).clamp_min(0)
+            mass = residual.sum(-1, keepdim=True)
+            r = torch.where(miss & (mass > 0), residual / mass.clamp_min(1e-30), r)
+            s_out = s.scatter(1, x, 0.0)
+            s = torch.where(miss, s_out / s_out.sum(-1, keepdim=True).clamp_min(1e-30), s)
+            cur = torch.where(keep, c, cur)
+            moved = moved | keep
+        path[:, j + 1] = torch.where(moved, cur, 0)
+        accepted = accepted + moved.long()
+        alive = alive & moved
+        r = torch.where(moved[:, None], p[rows, cur].float(), r)
+    cdf = r.double().cumsum(-1)
+    hit = cdf > u_bonus.double()[:, None] * cdf[:, -1:]
+    last = torch.where(r > 0, torch.arange(v, device=p.device), 0).max(-1).values
+    bonus = torch.where(hit.any(-1), hit.int().argmax(-1), last)
+    return path, accepted, bonus
 
 
 def ancestor_mask(

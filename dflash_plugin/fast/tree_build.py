@@ -20,13 +20,13 @@ from specdec_kernels import reference
 from specdec_kernels.reference import (  # noqa: F401 (the fast runtime imports them here)
     ancestor_mask,
     beam_widths,
+    child_table,
     doubling_steps,
     greedy_path,
 )
 
 from ..errors import require
 from ..sampling import SamplingParams, sampling_probs
-from ..tree import sample_ranks
 
 
 def build_tree(
@@ -50,23 +50,6 @@ def build_tree(
     return reference.tree_build(top_lp, top_ids, budget)
 
 
-def child_table(
-    parents: torch.Tensor,  # [batch, m] long, tree index of each index's parent (root: 0)
-    topk: int,  # children per node at most
-) -> torch.Tensor:  # [batch, m, topk] long: tree index of each node's r-th child, 0 = none
-    """A node's children in tree-index order, which is their rank order (`build_tree` orders
-    siblings by score, best first)."""
-    b, m = parents.shape
-    idx = torch.arange(m, device=parents.device)
-    sib = (parents[:, :, None] == parents[:, None, :]) & (idx[None, None] < idx[None, :, None])
-    rank = sib[:, :, 1:].sum(-1)  # [batch, m] earlier siblings (the root, index 0, is none)
-    row = torch.where(idx >= 1, parents, 0)
-    col = torch.where(idx >= 1, rank, topk)  # the root goes to a dump column
-    kid = torch.zeros(b, m * (topk + 1), dtype=torch.long, device=parents.device)
-    kid.scatter_(1, row * (topk + 1) + col, idx.expand(b, m))
-    return kid.view(b, m, topk + 1)[:, :, :topk]
-
-
 def rejection_path(
     tokens: torch.Tensor,  # [batch, m] anchor, then the nodes' draft tokens (m = n + 1)
     parents: torch.Tensor,  # [batch, m] long (root: 0)
@@ -77,43 +60,11 @@ def rejection_path(
     topk: int,  # children per node at most
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # path [batch, D + 1], accepted, bonus
-    """`tree.rejection_walk` for every row at once, in D x topk static steps: at each depth the
-    current node's children are tried in rank order against the residual r (a kept child moves
-    the row down and resets r to the target's p there; a rejection updates r and the proposal
-    s); rows that stopped keep their residual, and the bonus is a sample from it. path is laid
-    out as `greedy_path`'s."""
-    b, m = tokens.shape
-    dev = tokens.device
-    kid = child_table(parents, topk)
-    rows = torch.arange(b, device=dev)
-    cur = torch.zeros(b, dtype=torch.long, device=dev)
-    alive = torch.ones(b, dtype=torch.bool, device=dev)
-    accepted = torch.zeros(b, dtype=torch.long, device=dev)
-    path = torch.zeros(b, depth + 1, dtype=torch.long, device=dev)
-    r = sampling_probs(logits[:, 0], params)  # [batch, vocab]
-    for j in range(depth):
-        s = q[:, j].float()
-        nxt = cur.clone()
-        moved = torch.zeros_like(alive)
-        for i in range(topk):
-            c = kid[rows, cur, i]  # [batch] 0 = no such child
-            x = tokens.gather(1, c[:, None])
-            sx, rx = s.gather(1, x)[:, 0], r.gather(1, x)[:, 0]
-            tried = alive & ~moved & (c > 0) & (sx > 0)
-            u = torch.rand(b, generator=generator, device=dev)
-            keep = tried & (u * sx < rx)
-            miss = (tried & ~keep)[:, None]
-            residual = (r - s).clamp_min(0)
-            mass = residual.sum(-1, keepdim=True)
-            r = torch.where(miss & (mass > 0), residual / mass.clamp_min(1e-30), r)
-            s_out = s.scatter(1, x, 0.0)
-            s = torch.where(miss, s_out / s_out.sum(-1, keepdim=True).clamp_min(1e-30), s)
-            nxt = torch.where(keep, c, nxt)
-            moved = moved | keep
-        cur = nxt
-        path[:, j + 1] = torch.where(moved, cur, 0)
-        accepted = accepted + moved.long()
-        alive = alive & moved
-        here = logits.gather(1, cur[:, None, None].expand(b, 1, logits.shape[-1]))[:, 0]
-        r = torch.where(moved[:, None], sampling_probs(here, params), r)
-    return path, accepted, sample_ranks(r, 1, generator)[:, 0]  # a sample of r (Gumbel-max)
+    """`tree.rejection_walk` for every row at once: `specdec_kernels.reference.tree_rejection`
+    (D x topk static steps) on the target's transformed probabilities, its uniforms drawn from
+    `generator`. path is laid out as `greedy_path`'s."""
+    b, dev = tokens.shape[0], tokens.device
+    u = torch.rand(b, depth, topk, generator=generator, device=dev)
+    u_bonus = torch.rand(b, generator=generator, device=dev)
+    return reference.tree_rejection(sampling_probs(logits, params), q[:, :depth], tokens,
+                                    parents, u, u_bonus)
