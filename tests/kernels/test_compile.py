@@ -121,3 +121,16 @@ def test_tree_kernels_compile(n, k, g):
         "choice_ptr": i64, "draft_ptr": i64, "par_ptr": i64, "loc_ptr": i64, "live_ptr": "*i1",
         "predict_ptr": i32, "path_ptr": i64, "n_ptr": i32, "bonus_ptr": i64, "tgt_ptr": i64,
         "src_ptr": i64}, {"W": w, "D": g, "BW": next_pow2(w), "BD": next_pow2(g + 1)})
+
+
+def test_tree_rejection_kernel_compiles(n=32, k=4, g=15):
+    """Recursive rejection sampling at DFLASH_TREE's default shape."""
+    from specdec_kernels import tree_rejection
+    from specdec_kernels._checks import next_pow2
+
+    w, f32, i64 = n + 1, "*fp32", "*i64"
+    compile_sm90(tree_rejection._tree_rejection_kernel, {
+        "p_ptr": f32, "q_ptr": f32, "draft_ptr": i64, "par_ptr": i64, "u_ptr": f32,
+        "ub_ptr": f32, "ws_ptr": f32, "path_ptr": i64, "acc_ptr": i64, "bonus_ptr": i64,
+        "V": "i32"}, {"W": w, "D": g, "K": k, "BW": next_pow2(w), "BD": next_pow2(g + 1),
+                      "BK": next_pow2(k), "BLOCK": 2048})
