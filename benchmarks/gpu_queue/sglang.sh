@@ -6,16 +6,18 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-05 (most wanted first): STEPS="stage tree-kernel fastcheck fa3tree
-#   fa3tree-fast engines-dflash-fa sampling-plain sampling-tree-fast tree-build-bench
-#   kernels-tree-fa3-fast-8b adaptive-8b-defer sampling-plain2 fa3tree8-t1 fa3tree16-t1
-#   adaptive-8b adaptive-t1 adaptive-q1 adaptive lateseq-check engines-tree32-lateseq"
+# Owed as of 2026-12-05 (most wanted first): STEPS="stage tree-kernel fastcheck fa3tree-fast
+#   fa3tree-rrs engines-dflash-fa sampling-plain sampling-tree-rrs sampling-tree-fast fa3tree
+#   tree-build-bench kernels-tree-fa3-fast-8b adaptive-8b-defer sampling-plain2 fa3tree8-t1
+#   fa3tree16-t1 adaptive-8b adaptive-t1 adaptive-q1 adaptive lateseq-check
+#   engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
 #   replayed its random numbers). One 30-minute session fits about: STEPS="stage tree-kernel
-#   fastcheck fa3tree fa3tree-fast engines-dflash-fa sampling-plain sampling-tree-fast" (the
-#   issue's batch-1 rows at T = 0 and 1, SGLang's acceptance, ours and DFLASH's from one engine
-#   start each, and the T = 1 statistics); the next: STEPS="stage tree-kernel tree-build-bench
-#   kernels-tree-fa3-fast-8b adaptive-8b-defer" (adaptive-8b-defer runs plain beside it)
+#   fastcheck fa3tree-fast fa3tree-rrs engines-dflash-fa sampling-plain sampling-tree-rrs
+#   sampling-tree-fast" (the issue's batch-1 rows at T = 0 and 1 beside DFLASH's of the same
+#   session, one engine start each, and the T = 1 statistics of both fast walks); the next:
+#   STEPS="stage tree-kernel fa3tree tree-build-bench kernels-tree-fa3-fast-8b
+#   adaptive-8b-defer" (fa3tree: SGLang's acceptance; adaptive-8b-defer runs plain beside it)
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -28,14 +30,14 @@ E=$R/gpu-engines
 #    seconds); if not, the later tree steps run the eager tree phase (DFLASH_TREE_GRAPHS=0)
 step stage 120 python3 -m pytest -q -m gpu tests/engines/test_sglang_tree_stage.py \
     tests/engines/test_sglang_tree_append.py tests/engines/test_sglang_tree_accept.py \
-    -p no:cacheprovider
+    tests/dflash/test_tree_race.py -p no:cacheprovider
 grep -q "^stage rc=[1-9]" "$R/queue.log" && { export DFLASH_TREE_GRAPHS=0; echo "tree graphs off" | tee -a "$R/queue.log"; }
 # 1b. the fused tree-build and acceptance kernels against their torch references, compiled (no
 #     engine; seconds);
 #     if they fail, the `fast` steps below use torch
 B=triton
 step tree-kernel 300 python3 -m pytest -q tests/kernels/test_tree_build.py \
-    tests/kernels/test_tree_accept.py -p no:cacheprovider
+    tests/kernels/test_tree_accept.py tests/kernels/test_tree_rejection.py -p no:cacheprovider
 grep -q "^tree-kernel rc=[1-9]" "$R/queue.log" && { B=torch; echo "tree build: torch" | tee -a "$R/queue.log"; }
 step tree-build-bench 300 python3 benchmarks/tree_build_bench.py --out "$R/tree-build"
 # 0. DFLASH_TREE with fa3 as the target's backend too (`--attention-backend fa3`): the tree
@@ -75,18 +77,28 @@ step kernels-tree-fa3-fast-8b 400 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_
     benchmarks/gpu_engines.py round-cost --engine sglang --mode tree --num-spec-tokens 32 \
     --attention-backend fa3 --no-prefill-graphs --shape qwen3-8b \
     --kernel-trace /tmp/traces/tree-fa3-fast --out "$E/kernels-sglang-tree-fa3-fast-8b.json"
-# 0ft1. the T = 1 statistics of the fast acceptance (fa3tree-fast above times T = 1 since
+# 0rrs. T = 1 by recursive rejection sampling (DFLASH_TREE_RRS=1, 2026-12-05, never on a GPU:
+#       siblings drawn from the drafter's q, the walk in one kernel; CPU reference at 32 nodes:
+#       tau 2.05 -> 2.40 against the walk by samples), beside fa3tree-fast's T = 1 rows
+step fa3tree-rrs 600 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_RRS=1 DFLASH_TREE_FA3_GRAPH=1 \
+    DFLASH_TREE_KERNELS=$B python3 \
+    benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
+    --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 --temperatures 1 \
+    --out "$E/sglang-tree32-fa3-rrs-t1.json"
+# 0ft1. the T = 1 statistics of both fast walks (fa3tree-fast above times T = 1 since
 #       2026-12-05; 2026-12-04 with SGLang's acceptance: 1.08x DFLASH at 1 request):
-#       4 prompts x 2,000 completions against plain's, on CPU afterwards:
-#       python benchmarks/gpu_sampling.py compare $R/gpu-sampling/tree-fast.json $R/gpu-sampling/plain.json
-for m in plain tree-fast; do
+#       4 prompts x 2,000 completions each against plain's, on CPU afterwards:
+#       python benchmarks/gpu_sampling.py compare $R/gpu-sampling/tree-rrs.json $R/gpu-sampling/plain.json
+for m in plain tree-rrs tree-fast; do
   case $m in
     plain) a=(--mode plain) ;;
+    tree-rrs) a=(--mode tree --num-spec-tokens 32 --attention-backend fa3 --concurrency 8) ;;
     tree-fast) a=(--mode tree --num-spec-tokens 32 --attention-backend fa3) ;;
-  esac
-  step sampling-$m 400 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 \
-      DFLASH_TREE_KERNELS=$B python3 benchmarks/gpu_sampling.py run --engine sglang "${a[@]}" \
-      --no-prefill-graphs --out "$R/gpu-sampling/$m.json"
+  esac  # tree-rrs: rounds of more than 8 requests walk by samples (sglang_tree_rrs.MAX_BS)
+  step sampling-$m 400 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_RRS=$([ $m = tree-rrs ] && \
+      echo 1 || echo 0) DFLASH_TREE_FA3_GRAPH=1 DFLASH_TREE_KERNELS=$B python3 \
+      benchmarks/gpu_sampling.py run --engine sglang "${a[@]}" --no-prefill-graphs \
+      --out "$R/gpu-sampling/$m.json"
 done
 # 0t1. T = 1 with fa3 verifying the tree (SGLang's acceptance), then DFLASH at T = 1
 step fa3tree-t1 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode tree \

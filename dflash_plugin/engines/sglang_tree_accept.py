@@ -72,7 +72,9 @@ def path_rows(hidden: torch.Tensor,  # [bs, W, h] the verify's target hidden sta
 class AcceptStage:
     """`run(choice, t, loc, hidden, prefix)` -> `Accepted` (fresh tensors); `move_fn(tgt, src)`
     is the target pool's `move_kv_cache`, `append_fn(**kwargs)` DFLASH's drafter-KV append;
-    `keep()` as `AppendStage`'s."""
+    `keep()` as `AppendStage`'s. A subclass walks by other inputs: `walk` (the walk and
+    `accept_round`'s outputs from the bucket's buffers), `dead_inputs` (a bucket's first
+    capture), `accept` (a round)."""
 
     def __init__(self, device: torch.device, move_fn: Callable[..., None],
                  append_fn: Callable[..., None], width: int, depth: int, graphs: bool = True,
@@ -95,9 +97,17 @@ class AcceptStage:
         w, dev = self.width, self.device
         for pad in sizes:
             z = torch.zeros(pad, w, dtype=torch.long, device=dev)
-            self._load(z, z, z, z, z, torch.zeros(pad, w, hidden_size, dtype=dtype, device=dev),
-                       z[:, 0], live=False)
+            self._load(self.dead_inputs(pad), (z, z, z, z, torch.zeros(
+                pad, w, hidden_size, dtype=dtype, device=dev), z[:, 0]), live=False)
         return sizes if self.graphs.enabled else []
+
+    def dead_inputs(self, pad: int) -> tuple[torch.Tensor, ...]:
+        return (torch.zeros(pad, self.width, dtype=torch.long, device=self.device),)
+
+    def walk(self, inputs, draft, parents, depths, loc, live):
+        """`accept_round`'s outputs (the bucket's buffers; `inputs`: this stage's own)."""
+        return accept_round(inputs[0], draft, parents, depths, loc, live, self.depth,
+                            self.triton)
 
     def run(self, choice: torch.Tensor,  # [bs, W] long the target's token per tree index
             t: TreeVerifyTensors,  # the round's tree (first bs rows; parents and depths set)
@@ -105,22 +115,28 @@ class AcceptStage:
             hidden: torch.Tensor,  # [bs * W, h] the verify's target hidden states
             prefix: torch.Tensor,  # [bs] committed lengths before the round
             ) -> Accepted:
-        bs, w = choice.shape
-        out = self._load(choice, t.draft_token.view(bs, w), t.parents, t.depths,
-                         loc.view(bs, w).long(), hidden.view(bs, w, -1), prefix, live=True)
+        return self.accept((choice,), t, loc, hidden, prefix)
+
+    def accept(self, inputs: tuple[torch.Tensor, ...], t: TreeVerifyTensors, loc, hidden,
+               prefix) -> Accepted:
+        """A round: `inputs` (`[bs, ...]` each) for `walk`, the rest as `run`'s."""
+        bs, w = int(prefix.shape[0]), self.width
+        out = self._load(inputs, (t.draft_token.view(bs, w), t.parents, t.depths,
+                                  loc.view(bs, w).long(), hidden.view(bs, w, -1), prefix),
+                         live=True)
         return Accepted(out.predict[:bs * w].clone(), out.accept_lens[:bs].clone(),
                         out.bonus[:bs].clone(), out.new_seq_lens[:bs].clone())
 
-    def _load(self, choice, draft, parents, depths, loc, hidden, prefix, live: bool) -> Accepted:
-        bs = int(choice.shape[0])
+    def _load(self, inputs, tree, live: bool) -> Accepted:
+        bs = int(tree[0].shape[0])
         if self._ones.shape[0] < bs:
             self._ones = torch.ones(bs, dtype=torch.bool, device=self.device)
-        pad, (c, dr, par, dep, lo, hid, pre, lv) = self.graphs.load(
-            (choice, draft, parents, depths, loc, hidden, prefix, self._ones[:bs]))
+        pad, bufs = self.graphs.load((*inputs, *tree, self._ones[:bs]))
+        mine, (dr, par, dep, lo, hid, pre), lv = bufs[:len(inputs)], bufs[len(inputs):-1], \
+            bufs[-1]
 
         def phase() -> None:
-            predict, path, n, bonus, tgt, src = accept_round(c, dr, par, dep, lo, lv,
-                                                             self.depth, self.triton)
+            predict, path, n, bonus, tgt, src = self.walk(mine, dr, par, dep, lo, lv)
             self.move_fn(tgt.reshape(-1), src.reshape(-1))
             self.append_fn(**append_kwargs(*path_rows(hid, lo, path, n, pre)))
             self.outputs[pad] = Accepted(predict.view(-1), n, bonus, pre + n.to(pre.dtype))

@@ -72,13 +72,17 @@ class TreeStage:
 
         def phase() -> None:
             top_lp, top_ids = self.topk_fn(h)
-            tokens, parents, depths = build_tree(top_lp, top_ids, self.budget,
-                                                 triton=self.triton_build)  # [bs, N] each
-            self.outputs[pad] = tree_parts(tokens, parents, depths, b, lens, self.depth,
-                                           triton=self.triton_build)
+            self.outputs[pad] = self.tree(top_lp, top_ids, b, lens)
 
         self.graphs.run(pad, phase)
         return first_rows(self.outputs[pad], bs)
+
+    def tree(self, top_lp, top_ids, bonus, seq_lens) -> TreeVerifyTensors:
+        """The tree of the top-K `[bs, D, K]` and its verify tensors (inside the phase)."""
+        tokens, parents, depths = build_tree(top_lp, top_ids, self.budget,
+                                             triton=self.triton_build)  # [bs, N] each
+        return tree_parts(tokens, parents, depths, bonus, seq_lens, self.depth,
+                          triton=self.triton_build)
 
 
 def first_rows(t: TreeVerifyTensors, bs: int) -> TreeVerifyTensors:

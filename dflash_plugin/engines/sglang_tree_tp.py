@@ -60,18 +60,24 @@ def replicated_head(lm_head, group):
     return SimpleNamespace(weight=full, shard_indices=None)
 
 
-def tree_topk(hidden: torch.Tensor, lm_head, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-`k` log-probs and token ids `[bs, D, k]` of the target LM head over the drafter's
-    hidden states `[bs, D, hidden]` (under TP the whole head: `sglang_tree_tp`). Only the head's
-    real vocab rows count: SGLang's `ParallelLMHead.weight` is padded to a multiple of 64 rows
-    (`padding_size`, `vocab_parallel_embedding.py`), and a padded row must never be drafted;
-    `shard_indices.num_org_elements` / `org_vocab_start_index` give the real rows, as in DFLASH's
-    own greedy head (`dflash_worker_v2.py` `_DflashDraftSampler`, 0.5.16). Added (LoRA) vocab is
-    not drafted."""
+def head_logits(hidden: torch.Tensor, lm_head) -> tuple[torch.Tensor, int]:
+    """The target LM head's fp32 logits `[bs, D, V]` over the drafter's hidden states `[bs, D,
+    hidden]` (under TP the whole head: `sglang_tree_tp`) and the token id of column 0. Only the
+    head's real vocab rows count: SGLang's `ParallelLMHead.weight` is padded to a multiple of 64
+    rows (`padding_size`, `vocab_parallel_embedding.py`), and a padded row must never be
+    drafted; `shard_indices.num_org_elements` / `org_vocab_start_index` give the real rows, as
+    in DFLASH's own greedy head (`dflash_worker_v2.py` `_DflashDraftSampler`, 0.5.16). Added
+    (LoRA) vocab is not drafted."""
     weight = lm_head.weight
     shard = getattr(lm_head, "shard_indices", None)
     num_org = int(weight.shape[0]) if shard is None else int(shard.num_org_elements)
     start = 0 if shard is None else int(shard.org_vocab_start_index)
-    logits = torch.nn.functional.linear(hidden.to(weight.dtype), weight[:num_org])
-    top_lp, top_ids = logits.float().log_softmax(-1).topk(k, dim=-1)
+    return torch.nn.functional.linear(hidden.to(weight.dtype), weight[:num_org]).float(), start
+
+
+def tree_topk(hidden: torch.Tensor, lm_head, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-`k` log-probs and token ids `[bs, D, k]` of the target LM head over the drafter's
+    hidden states (`head_logits`)."""
+    logits, start = head_logits(hidden, lm_head)
+    top_lp, top_ids = logits.log_softmax(-1).topk(k, dim=-1)
     return top_lp, (top_ids + start) if start else top_ids

@@ -106,10 +106,12 @@ def slow_reason(batch, target_worker, kvcache) -> str | None:
 
 
 def verify_fast(batch, *, target_worker, req_to_token_pool, stage: AcceptStage, tree,
-                prefix: torch.Tensor, device, check: bool = False):
+                prefix: torch.Tensor, device, check: bool = False, rrs=None):
     """-> (SGLang's `GenerationBatchResult` with next_token_ids / accept_lens / new_seq_lens
     set as its greedy path sets them, `Accepted`). The target KV of the accepted path is at the
-    front of each verify block and its drafter KV appended when this returns (queued)."""
+    front of each verify block and its drafter KV appended when this returns (queued). `rrs`:
+    (`sglang_tree_rrs.RejectionStage`, q `[bs, D, V]` of the round's sampled tree): the walk by
+    recursive rejection sampling instead (not checked by `check`)."""
     from sglang.srt.managers.utils import GenerationBatchResult
     from sglang.srt.speculative.eagle_utils import eagle_prepare_for_verify
     from sglang.srt.speculative.spec_utils import record_stream_each, record_stream_for_v2_verify
@@ -124,17 +126,25 @@ def verify_fast(batch, *, target_worker, req_to_token_pool, stage: AcceptStage, 
     out = target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
     logits = out.logits_output
     sanitize_nan_logits(logits.next_token_logits, "verify: target model logits")
-    bs, w = len(batch.seq_lens), verify_input.draft_token_num
-    choice = target_choice(logits.next_token_logits, batch.sampling_info, bs, w)
-    if check:
-        want = (sglang_greedy(verify_input, batch, logits) if batch.sampling_info.is_all_greedy
-                else sglang_walk(verify_input, choice))
     if logits.hidden_states is None:
         raise RuntimeError("DFLASH_TREE: the verify returned no target hidden states")
-    acc = stage.run(choice, tree, batch.out_cache_loc, logits.hidden_states, prefix)
+    bs, w, info = len(batch.seq_lens), verify_input.draft_token_num, batch.sampling_info
+    if rrs is not None:
+        stage_rrs, q = rrs
+        if q.shape[-1] != logits.next_token_logits.shape[-1]:
+            raise RuntimeError(f"DFLASH_TREE_RRS: the drafter's vocabulary ({q.shape[-1]}) is "
+                               f"not the verify's ({logits.next_token_logits.shape[-1]})")
+        acc = stage_rrs.run(logits.next_token_logits, info.temperatures, q, tree,
+                            batch.out_cache_loc, logits.hidden_states, prefix)
+    else:
+        choice = target_choice(logits.next_token_logits, info, bs, w)
+        if check:
+            want = (sglang_greedy(verify_input, batch, logits) if info.is_all_greedy
+                    else sglang_walk(verify_input, choice))
+        acc = stage.run(choice, tree, batch.out_cache_loc, logits.hidden_states, prefix)
+        if check:
+            compare(acc, *want, w)
     logits.hidden_states = None
-    if check:
-        compare(acc, *want, w)
     result = GenerationBatchResult(
         logits_output=logits, next_token_ids=acc.predict, can_run_cuda_graph=can_graph,
         speculative_num_draft_tokens=w, next_draft_input=None, accept_lens=acc.accept_lens,

@@ -39,6 +39,7 @@ from .sglang_tree_append import AppendStage, accepted_path, drafter_input, fused
 from .sglang_tree_input import make_verify_input, with_mask
 from .sglang_tree_plan import install, layout_from_env
 from .sglang_tree_profile import RoundProfile, profile_every
+from .sglang_tree_rrs import rrs_stages, takes
 from .sglang_tree_seqlens import (
     SeqLensMirror,
     give_host_lens,
@@ -151,6 +152,10 @@ def worker_class() -> type:
                 device, lambda tgt, src: self._kvcache().move_kv_cache(tgt, src),
                 self._append_target_hidden_to_draft_kv_by_loc, self.plan.width, self.plan.depth,
                 graphs, keep=lambda: fused_workspaces(self), triton=kernels)
+            # DFLASH_TREE_RRS=1: T > 0 rounds by recursive rejection sampling (sglang_tree_rrs)
+            self._rrs, why = rrs_stages(self, device, graphs, kernels)
+            if why:
+                logger.info("%s: DFLASH_TREE_RRS off: %s", NAME, why)
             self._warm_stages(server_args)
             # tree-verify replays plan without a host sync (DFLASH_TREE_HOST_PLAN=0: flashinfer's)
             self._verify_layout = layout_from_env(self.plan.width)
@@ -211,6 +216,11 @@ def worker_class() -> type:
             if known is not None and self.accept_stage.warm(*known):
                 logger.info("%s: greedy acceptance captured for batch buckets up to %d", NAME,
                             known[0])
+            self._rrs = self._rrs if self._fast_accept else None
+            if self._rrs is not None and known is not None:  # its tree phase and walk
+                w = self._head.weight
+                self._rrs[0].warm(known[0], int(w.shape[1]), w.dtype)
+                self._rrs[1].warm(*known)
 
         def _kvcache(self):
             return self.model_runner.token_to_kv_pool_allocator.get_kvcache()
@@ -297,10 +307,17 @@ def worker_class() -> type:
             if not isinstance(draft_input, DFlashDraftInputV2):
                 raise RuntimeError(f"{NAME} expected DFlashDraftInputV2 on the running batch")
             p, ev = self.plan, self.profile.start()
+            fast = self._fast_accept and round_slow_reason(batch, self._fast_sampling) is None
+            rrs = (self._rrs if fast and self._rrs is not None
+                   and takes(batch.sampling_info, len(batch.seq_lens)) else None)
             # 1) draft, then top-K per depth, tree and verify tensors (device only, one graph)
             hidden = self._draft_block(batch, draft_input)[:, 1:1 + p.depth]  # [bs, D, h]
             self.profile.mark(ev, 0)
-            parts = self.tree_stage.run(hidden, draft_input.bonus_tokens, batch.seq_lens)
+            if rrs is not None:  # siblings drawn from the drafter's q (kept for the walk)
+                parts, q = rrs[0].run(hidden, draft_input.bonus_tokens, batch.seq_lens,
+                                      batch.sampling_info.temperatures)
+            else:
+                parts = self.tree_stage.run(hidden, draft_input.bonus_tokens, batch.seq_lens)
             # 2) SGLang's tree-verify input, into the target backend's graph buffers if any
             late = self._late_seq_lens and batch.seq_lens_cpu is None
             if late:  # waits for the previous round's copy only: drafter and tree are queued
@@ -322,12 +339,12 @@ def worker_class() -> type:
             # 3) target verify + acceptance + target KV compaction (SGLang's EAGLE path)
             if self._verify_layout is not None:
                 self._host_plan(batch.seq_lens_cpu)
-            fast = self._fast_accept and round_slow_reason(batch, self._fast_sampling) is None
             if fast:  # acceptance, target-KV move and drafter-KV append: one graph
                 result, acc = verify_fast(
                     batch, target_worker=self.target_worker, stage=self.accept_stage,
                     req_to_token_pool=self.model_runner.req_to_token_pool, tree=parts,
-                    prefix=prefix, device=self.device, check=self._fast_check)
+                    prefix=prefix, device=self.device, check=self._fast_check,
+                    rrs=None if rrs is None else (rrs[1], q))
             else:
                 result = run_eagle_verify(
                     batch, target_worker=self.target_worker,

@@ -3,8 +3,10 @@ the per-round gate on a real `SamplingBatchInfo` (built by SGLang's `from_schedu
 real normalised `SamplingParams`), the server-wide gate on ServerArgs' fields, the node tokens
 `target_choice` draws from SGLang's sampling fields (greedy rows the argmax), and `sglang_walk`,
 the `=check` mode's call of SGLang's own tree walk (`verify_tree_greedy_func`, its Triton kernel
-interpreted) on sampled tokens, against our walk. That the sampled walk is lossless in
-distribution: `tests/dflash/test_tree_race.py`. Run with `checks_tree.py` (same environments);
+interpreted) on sampled tokens, against our walk. For `DFLASH_TREE_RRS`: its drafts over a
+real padded `ParallelLMHead` (q over the real rows only), its stages' vocabulary check and its
+gates. That the walks are lossless in distribution: `tests/dflash/test_tree_race.py`,
+`tests/engines/test_sglang_tree_rrs.py`. Run with `checks_tree.py` (same environments);
 skips on other SGLang versions.
 """
 
@@ -126,3 +128,48 @@ def test_check_walk_is_sglangs_tree_walk_of_the_sampled_tokens(monkeypatch):
         with pytest.raises(RuntimeError, match="accept lengths"):
             compare(Accepted(out.view(-1), n_path + 1, bonus, seq_lens), predict,
                     accept_lens, accept_index, n + 1)
+
+
+def test_rrs_sampled_topk_and_stages_on_a_real_padded_lm_head():
+    """`DFLASH_TREE_RRS`'s drafts over SGLang's ParallelLMHead (padded to 128 rows for a
+    vocabulary of 100): q covers the real rows only, no padded id is drawn, and the stages take
+    the head for the model's vocabulary and refuse another."""
+    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+    from sglang.srt.runtime_context import get_parallel
+
+    from dflash_plugin.engines import sglang_tree_rrs as rrs
+
+    with get_parallel().override(tp_rank=0, tp_size=1):
+        head = ParallelLMHead(100, 8, params_dtype=torch.bfloat16)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(128, 8, generator=torch.Generator().manual_seed(0)))
+        head.weight[100:] = 50.0  # padding that would take every draw if it were read
+    hidden = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(1))
+    top_lp, ids, q = rrs.sampled_topk(hidden, head, 4, torch.full((3, 1), 0.8))
+    assert q.shape == (3, 5, 100) and int(ids.max()) < 100 and ids.shape == (3, 5, 4)
+    assert torch.allclose(q.sum(-1), torch.ones(3, 5))
+    assert (top_lp[..., :-1] >= top_lp[..., 1:]).all()  # the shape: q's sorted values
+    plan = _ns(budget=8, topk=4, depth=5, width=9)
+    made, why = rrs.stages(torch.device("cpu"), plan, head, 100, None, None, graphs=False,
+                           triton=False)
+    assert why is None and made[1].vocab == 100
+    made, why = rrs.stages(torch.device("cpu"), plan, head, 128, None, None, graphs=False,
+                           triton=False)
+    assert made is None and "100" in why
+
+
+def test_rrs_gates(monkeypatch):
+    from dflash_plugin.engines import sglang_tree_rrs as rrs
+    from dflash_plugin.errors import ConfigError
+
+    worker = _ns(_fast_accept=False, _fast_sampling=False)
+    assert rrs.rrs_stages(worker, "cpu", False, False) == (None, None)
+    monkeypatch.setenv("DFLASH_TREE_RRS", "1")
+    with pytest.raises(ConfigError, match="DFLASH_TREE_FAST_ACCEPT"):
+        rrs.rrs_stages(worker, "cpu", False, False)
+    worker._fast_accept = True
+    assert "SGLang's acceptance" in rrs.rrs_stages(worker, "cpu", False, False)[1]
+    hot, greedy = dict(temperature=0.8), dict(temperature=0.0)
+    assert rrs.takes(batch_of(monkeypatch, hot, hot).sampling_info, 2)
+    assert not rrs.takes(batch_of(monkeypatch, hot, greedy).sampling_info, 2)
+    assert not rrs.takes(batch_of(monkeypatch, greedy).sampling_info, 1)
