@@ -31,5 +31,12 @@ def check_shape(name: str, t: torch.Tensor, shape) -> None:
         raise ValueError(f"{name}: expected shape {want}, got {tuple(t.shape)}")
 
 
+def check_rows(tensors, shape, dtype: torch.dtype, device) -> None:
+    """Each `(name, tensor)` of `tensors` is contiguous, of `dtype`, on `device`, of `shape`."""
+    for name, t in tensors:
+        check_tensor(name, t, dims=len(shape), dtypes=(dtype,), device=device)
+        check_shape(name, t, shape)
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())

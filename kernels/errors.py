@@ -5,7 +5,7 @@ before any work starts (`dflash_plugin.errors` and `spiffy_plugin.errors` re-exp
 pydantic side of the same contract: `config_error` turns a `ValidationError` of a config model
 into a `ConfigError` naming the field, the value and the allowed range (read from the field's
 `Field(ge=, gt=, le=, lt=)` bounds); `validated` builds a model that way (pydantic is imported
-only there).
+only there). `env_flag` reads a 0/1 environment switch the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +25,15 @@ def require(condition: bool, field: str, message: str) -> None:
     """Raise `ConfigError(field, message)` unless `condition` holds."""
     if not condition:
         raise ConfigError(field, message)
+
+
+def env_flag(environ, name: str, default: str, meaning: str) -> bool:
+    """An environment switch `name` of 0 or 1 (`default` when unset or blank); any other value
+    raises `ConfigError` with `meaning` (what 1 turns on)."""
+    raw = environ.get(name, default).strip() or default
+    if raw not in ("0", "1"):
+        raise ConfigError(name, f"must be 0 or 1 ({meaning}), got {raw!r}")
+    return raw == "1"
 
 
 _KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "string": "a string"}

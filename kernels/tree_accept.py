@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_shape, check_tensor, next_pow2
+from ._checks import check_rows, check_tensor, next_pow2
 
 
 @triton.jit
@@ -68,11 +68,9 @@ def tree_accept(choice: torch.Tensor,  # [b, W] int64 the target's argmax at eve
     [b, D+1] int64): `reference.tree_accept`'s outputs (its depths are not needed here)."""
     check_tensor("choice", choice, dims=2, dtypes=(torch.int64,))
     b, w = choice.shape
-    for name, t in (("draft", draft), ("parents", parents), ("loc", loc)):
-        check_tensor(name, t, dims=2, dtypes=(torch.int64,), device=choice.device)
-        check_shape(name, t, (b, w))
-    check_tensor("live", live, dims=1, dtypes=(torch.bool,), device=choice.device)
-    check_shape("live", live, (b,))
+    check_rows((("draft", draft), ("parents", parents), ("loc", loc)), (b, w), torch.int64,
+               choice.device)
+    check_rows((("live", live),), (b,), torch.bool, choice.device)
     if not 1 <= depth <= w - 1:
         raise ValueError(f"depth: must be in 1..{w - 1} (W - 1), got {depth}")
     dev, d1 = choice.device, depth + 1

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_shape, check_tensor, next_pow2
+from ._checks import check_rows, check_tensor, next_pow2
 
 
 @triton.jit
@@ -144,15 +144,11 @@ def tree_rejection(p: torch.Tensor,  # [b, W, V] fp32 the target's probabilities
     `reference.tree_rejection`'s outputs."""
     check_tensor("p", p, dims=3, dtypes=(torch.float32,))
     b, w, v = p.shape
-    check_tensor("q", q, dims=3, dtypes=(torch.float32,), device=p.device)
     check_tensor("u", u, dims=3, dtypes=(torch.float32,), device=p.device)
     depth, k = int(u.shape[1]), int(u.shape[2])
-    check_shape("q", q, (b, depth, v))
-    for name, t in (("draft", draft), ("parents", parents)):
-        check_tensor(name, t, dims=2, dtypes=(torch.int64,), device=p.device)
-        check_shape(name, t, (b, w))
-    check_tensor("u_bonus", u_bonus, dims=1, dtypes=(torch.float32,), device=p.device)
-    check_shape("u_bonus", u_bonus, (b,))
+    check_rows((("q", q),), (b, depth, v), torch.float32, p.device)
+    check_rows((("draft", draft), ("parents", parents)), (b, w), torch.int64, p.device)
+    check_rows((("u_bonus", u_bonus),), (b,), torch.float32, p.device)
     if not 1 <= depth <= w - 1:
         raise ValueError(f"u: its depth must be in 1..{w - 1} (W - 1), got {depth}")
     if k < 1:
@@ -164,8 +160,7 @@ def tree_rejection(p: torch.Tensor,  # [b, W, V] fp32 the target's probabilities
     ws = torch.empty(b, 2, v, dtype=torch.float32, device=dev)  # the residual's scratch rows
     if b:
         _tree_rejection_kernel[(b,)](
-            p.contiguous(), q.contiguous(), draft.contiguous(), parents.contiguous(),
-            u.contiguous(), u_bonus.contiguous(), ws, path, accepted, bonus, v,
+            p, q, draft, parents, u, u_bonus, ws, path, accepted, bonus, v,
             W=w, D=depth, K=k, BW=next_pow2(w), BD=next_pow2(depth + 1), BK=next_pow2(k),
             BLOCK=min(2048, next_pow2(v)), num_warps=8)
     return path, accepted, bonus

@@ -1,14 +1,14 @@
-"""Errors raised on bad user input: `ConfigError`, `require`, `config_error`, `validated`
-(defined once, in `specdec_kernels.errors`), and `run_command`, which turns one into a CLI
-message."""
+"""Errors raised on bad user input: `ConfigError`, `require`, `config_error`, `validated`,
+`env_flag` (defined once, in `specdec_kernels.errors`), and `run_command`, which turns one into
+a CLI message."""
 
 from __future__ import annotations
 
 import sys
 
-from specdec_kernels.errors import ConfigError, config_error, require, validated
+from specdec_kernels.errors import ConfigError, config_error, env_flag, require, validated
 
-__all__ = ["ConfigError", "config_error", "require", "run_command", "validated"]
+__all__ = ["ConfigError", "config_error", "env_flag", "require", "run_command", "validated"]
 
 
 def run_command(args) -> int:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import env_flag
 from ..fast.graphs import StepGraphs
 
 logger = logging.getLogger(__name__)
@@ -31,11 +31,7 @@ WARM_MAX_BS = 256  # start-up captures stop here (35 graphs); larger buckets: on
 
 def graphs_enabled(environ=os.environ) -> bool:
     """`DFLASH_TREE_GRAPHS`: 1 (default) or 0; a clear error otherwise."""
-    raw = environ.get(ENV, "1").strip() or "1"
-    if raw not in ("0", "1"):
-        raise ConfigError(ENV, f"must be 0 or 1 (capture the tree phase in CUDA graphs), "
-                               f"got {raw!r}")
-    return raw == "1"
+    return env_flag(environ, ENV, "1", "capture the tree phase in CUDA graphs")
 
 
 def bucket_limit(server_args) -> int:

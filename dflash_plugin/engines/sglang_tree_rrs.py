@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from specdec_kernels import reference
 
-from ..errors import ConfigError
+from ..errors import ConfigError, env_flag
 from ..tree import sample_ranks
 from .sglang_tree_accept import AcceptStage
 from .sglang_tree_append import fused_workspaces
@@ -48,11 +48,8 @@ MAX_BS = 8  # requests per round at most (the stages' buffers: see above)
 
 def rrs_from_env(environ=os.environ) -> bool:
     """`DFLASH_TREE_RRS`: 0 (default) or 1; a clear error otherwise."""
-    raw = environ.get(ENV, "0").strip() or "0"
-    if raw not in ("0", "1"):
-        raise ConfigError(ENV, f"must be 0 or 1 (T > 0 rounds by recursive rejection "
-                               f"sampling, with DFLASH_TREE_FAST_ACCEPT=1), got {raw!r}")
-    return raw == "1"
+    return env_flag(environ, ENV, "0", "T > 0 rounds by recursive rejection sampling, with "
+                                       "DFLASH_TREE_FAST_ACCEPT=1")
 
 
 def takes(info, bs: int) -> bool:

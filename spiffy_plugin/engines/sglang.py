@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import ConfigError, require, validated
+from ..errors import ConfigError, env_flag, require, validated
 from ..graph import DraftGraph, load_graph
 from ..params import DecodeParams
 
@@ -40,11 +40,8 @@ def copy_draft_kv(environ=None) -> bool:
     error for other values."""
     import os
 
-    raw = (os.environ if environ is None else environ).get(COPY_KV_ENV, "0").strip() or "0"
-    if raw not in ("0", "1"):
-        raise ConfigError(COPY_KV_ENV, f"must be 0 or 1 (copy a verified draft row's K/V), "
-                                       f"got {raw!r}")
-    return raw == "1"
+    return env_flag(os.environ if environ is None else environ, COPY_KV_ENV, "0",
+                    "copy a verified draft row's K/V")
 
 
 def rule_params(rule: str) -> DecodeParams:
