@@ -8,16 +8,17 @@
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
 # Owed as of 2026-12-05 (most wanted first): STEPS="stage tree-kernel fastcheck fa3tree-fast
 #   fa3tree-rrs engines-dflash-fa sampling-plain sampling-tree-rrs sampling-tree-fast fa3tree
-#   tree-build-bench kernels-tree-fa3-fast-8b adaptive-8b-defer sampling-plain2 fa3tree8-t1
-#   fa3tree16-t1 adaptive-8b adaptive-t1 adaptive-q1 adaptive lateseq-check
+#   fa3tree64-fast tree-build-bench kernels-tree-fa3-fast-8b adaptive-8b-defer sampling-plain2
+#   fa3tree8-t1 fa3tree16-t1 adaptive-8b adaptive-t1 adaptive-q1 adaptive lateseq-check
 #   engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
 #   replayed its random numbers). One 30-minute session fits about: STEPS="stage tree-kernel
 #   fastcheck fa3tree-fast fa3tree-rrs engines-dflash-fa sampling-plain sampling-tree-rrs
 #   sampling-tree-fast" (the issue's batch-1 rows at T = 0 and 1 beside DFLASH's of the same
 #   session, one engine start each, and the T = 1 statistics of both fast walks); the next:
-#   STEPS="stage tree-kernel fa3tree tree-build-bench kernels-tree-fa3-fast-8b
-#   adaptive-8b-defer" (fa3tree: SGLang's acceptance; adaptive-8b-defer runs plain beside it)
+#   STEPS="stage tree-kernel fa3tree fa3tree64-fast engines-dflash-fa tree-build-bench
+#   kernels-tree-fa3-fast-8b adaptive-8b-defer" (fa3tree: SGLang's acceptance; adaptive-8b-defer
+#   runs plain beside it)
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -70,6 +71,14 @@ step fa3tree-fast 600 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 DFLA
     benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
     --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 --temperatures 0 1 \
     --out "$E/sglang-tree32-fa3-fast.json"
+# 0f64. 64 nodes with the fast acceptance: at the host-bound fixture a wider verify costs little
+#       more (8B shape: 64 nodes 11.13 ms against 32 nodes' 9.89, 2026-12-03) and tau was 7.91
+#       against 7.38-7.65 at 32 (2026-12-03/04)
+step fa3tree64-fast 600 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 \
+    DFLASH_TREE_KERNELS=$B python3 \
+    benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 64 \
+    --attention-backend fa3 --no-prefill-graphs --concurrency 1 4 8 --temperatures 0 1 \
+    --out "$E/sglang-tree64-fa3-fast.json"
 step engines-dflash-fa 600 python3 benchmarks/gpu_engines.py run --engine sglang --mode dflash \
     --no-prefill-graphs --temperatures 0 1 --concurrency 1 4 8 --out "$E/sglang-dflash-fa.json"
 step kernels-tree-fa3-fast-8b 400 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_GRAPH=1 \
