@@ -60,7 +60,7 @@ def gumbel_keys(
     E below eps / 2), and at a 150k vocabulary about 1 % of the rows would hold such a cut
     value."""
     e = torch.empty(scores.shape, dtype=torch.float64, device=scores.device)
-    return scores.to(torch.float64, copy=True).sub_(e.exponential_(generator=generator).log_())
+    return scores.double() - e.exponential_(generator=generator).log_()  # out of place
 
 
 def race_sample(

@@ -40,7 +40,7 @@ from .sglang_tree_accept import AcceptStage
 from .sglang_tree_append import fused_workspaces
 from .sglang_tree_input import TreeVerifyTensors
 from .sglang_tree_stage import TreeStage, first_rows
-from .sglang_tree_tp import head_logits
+from .sglang_tree_tp import head_logits, head_rows
 
 ENV = "DFLASH_TREE_RRS"
 MAX_BS = 8  # requests per round at most (the stages' buffers: see above)
@@ -148,10 +148,9 @@ def stages(device: torch.device, plan, head, vocab_size: int, move_fn, append_fn
     """(SampledTreeStage, RejectionStage) for a DFLASH_TREE worker (`plan`: its TreePlan, `head`
     the LM head its trees read), or None with the reason when the head's vocabulary is not the
     model's (the verify's logits would not line up with q)."""
-    rows = head.weight.shape[0] if getattr(head, "shard_indices", None) is None else \
-        head.shard_indices.num_org_elements
-    if int(rows) != int(vocab_size):
-        return None, f"the LM head has {int(rows)} vocab rows, the model {int(vocab_size)}"
+    rows = head_rows(head)[1]
+    if rows != int(vocab_size):
+        return None, f"the LM head has {rows} vocab rows, the model {int(vocab_size)}"
     tree = SampledTreeStage(device, lambda h, t: sampled_topk(h, head, plan.topk, t),
                             plan.budget, plan.depth, graphs, triton)
     accept = RejectionStage(device, move_fn, append_fn, plan.width, plan.depth, graphs,

@@ -69,10 +69,16 @@ def head_logits(hidden: torch.Tensor, lm_head) -> tuple[torch.Tensor, int]:
     in DFLASH's own greedy head (`dflash_worker_v2.py` `_DflashDraftSampler`, 0.5.16). Added
     (LoRA) vocab is not drafted."""
     weight = lm_head.weight
-    shard = getattr(lm_head, "shard_indices", None)
-    num_org = int(weight.shape[0]) if shard is None else int(shard.num_org_elements)
-    start = 0 if shard is None else int(shard.org_vocab_start_index)
+    start, num_org = head_rows(lm_head)
     return torch.nn.functional.linear(hidden.to(weight.dtype), weight[:num_org]).float(), start
+
+
+def head_rows(lm_head) -> tuple[int, int]:
+    """(token id of the head's first row, its real vocab rows): padding and added rows cut."""
+    shard = getattr(lm_head, "shard_indices", None)
+    if shard is None:
+        return 0, int(lm_head.weight.shape[0])
+    return int(shard.org_vocab_start_index), int(shard.num_org_elements)
 
 
 def tree_topk(hidden: torch.Tensor, lm_head, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -130,10 +130,7 @@ def verify_fast(batch, *, target_worker, req_to_token_pool, stage: AcceptStage, 
         raise RuntimeError("DFLASH_TREE: the verify returned no target hidden states")
     bs, w, info = len(batch.seq_lens), verify_input.draft_token_num, batch.sampling_info
     if rrs is not None:
-        stage_rrs, q = rrs
-        if q.shape[-1] != logits.next_token_logits.shape[-1]:
-            raise RuntimeError(f"DFLASH_TREE_RRS: the drafter's vocabulary ({q.shape[-1]}) is "
-                               f"not the verify's ({logits.next_token_logits.shape[-1]})")
+        stage_rrs, q = rrs  # q's vocabulary is the model's (checked at start-up: `stages`)
         acc = stage_rrs.run(logits.next_token_logits, info.temperatures, q, tree,
                             batch.out_cache_loc, logits.hidden_states, prefix)
     else:
