@@ -1,5 +1,6 @@
 """fa3's replay metadata of the tree verify as one CUDA graph per batch size
-(`DFLASH_TREE_FA3_GRAPH=1`, experimental, not yet run on a GPU).
+(`DFLASH_TREE_FA3_GRAPH=1`, experimental; its first GPU run, 2026-12-05, failed on the mask
+size that `_whole_mask_call` now fixes).
 
 Before each replay of a TARGET_VERIFY graph, SGLang 0.5.16's decode graph runner calls the
 backend's `init_forward_metadata_out_graph` eagerly. For fa3 with top-K > 1
@@ -113,7 +114,7 @@ def run_graphed(original, backend, kw: dict, graphs_factory=StepGraphs, check: b
     if not runner.enabled or (key in done and done[key][0] != tensors):
         return original(backend, **kw)
     try:
-        runner.run(key, lambda: original(backend, **kw))
+        runner.run(key, lambda: _whole_mask_call(original, backend, kw))
     except RuntimeError as e:
         logger.warning("DFLASH_TREE: capturing fa3's verify metadata failed (%s); SGLang's "
                        "eager path from now on", e)
@@ -129,6 +130,22 @@ def run_graphed(original, backend, kw: dict, graphs_factory=StepGraphs, check: b
     if check:
         check_replay(original, backend, kw)
     return None
+
+
+def _whole_mask_call(original, backend, kw: dict) -> None:
+    """`original(backend, **kw)` with the backend's whole mask buffer as `spec_info.custom_mask`
+    (restored after). The round's mask is a prefix of that buffer whose length grows with the
+    requests' lengths (`sglang_tree_input.full_mask`); a graph captured over the first round's
+    prefix keeps that tensor's size, and its mask gather's bounds check then fails once a later
+    round's rows lie past it (a device-side assert, 2026-12-05 on the H200). Same address, same
+    rows read: the gather's indices come from `seq_lens` and the number of tokens."""
+    spec = kw["spec_info"]
+    mine = spec.custom_mask
+    spec.custom_mask = backend.cuda_graph_custom_mask
+    try:
+        original(backend, **kw)
+    finally:
+        spec.custom_mask = mine
 
 
 def _tensors(*metadata) -> dict:

@@ -134,3 +134,25 @@ def test_check_mode_compares_the_replay_with_sglangs_call():
     with pytest.raises(RuntimeError, match="differs"):
         m.run_graphed(drifting, be, _kw(be, 2, rows, lens), Runner, check=True)
     m._GRAPHS.pop(id(be))
+
+
+def test_the_graphed_call_reads_the_whole_mask_buffer():
+    """The round's mask is a prefix of the backend's buffer that grows round by round; a graph
+    captured over one round's prefix keeps its size (on the H200 a later round's gather then
+    failed its bounds check), so the graphed call sees the whole buffer, and the round's own
+    prefix is back afterwards (check mode's eager call reads that)."""
+    be, rows, lens = Backend(), torch.zeros(8, dtype=torch.long), torch.ones(8, dtype=torch.long)
+    be.metadata = {2: (_ns(page_table=torch.zeros(3)), _ns(page_table=torch.zeros(3)))}
+    seen = []
+
+    def recording(backend, **kw):
+        seen.append(kw["spec_info"].custom_mask.numel())
+        original(backend, **kw)
+
+    for total in (12, 30):  # two rounds: the prefix grows
+        kw = _kw(be, 2, rows, lens, mask=be.cuda_graph_custom_mask[:total])
+        assert m.graphable(be, kw, "DFLASH_TREE")
+        m.run_graphed(recording, be, kw, Runner, check=True)
+        assert kw["spec_info"].custom_mask.numel() == total
+    assert seen == [64, 64, 12, 64, 30]  # warm-up, replay, check; replay, check
+    m._GRAPHS.pop(id(be))
