@@ -7,7 +7,8 @@
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
 # Owed as of 2026-12-05 (most wanted first; that afternoon's first run of the fast steps crashed
-#   on the fa3 metadata graph's mask size, fixed in 2ddeb1b, so all are still owed): STEPS="stage tree-kernel fastcheck fa3tree-fast
+#   on the fa3 metadata graph's mask size, fixed in 2ddeb1b, so all are still owed):
+#   STEPS="stage tree-kernel fastcheck fa3tree-fast
 #   fa3tree-rrs engines-dflash-fa sampling-plain sampling-tree-rrs sampling-tree-fast fa3tree
 #   fa3tree64-fast tree-build-bench kernels-tree-fa3-fast-8b adaptive-8b-defer sampling-plain2
 #   fa3tree8-t1 fa3tree16-t1 adaptive-8b adaptive-t1 adaptive-q1 adaptive lateseq-check
