@@ -6,21 +6,17 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-05 (most wanted first; that afternoon's first run of the fast steps crashed
-#   on the fa3 metadata graph's mask size, fixed in 2ddeb1b, so all are still owed):
-#   STEPS="stage tree-kernel fastcheck fa3tree-fast
-#   fa3tree-rrs engines-dflash-fa sampling-plain sampling-tree-rrs sampling-tree-fast fa3tree
-#   fa3tree64-fast tree-build-bench kernels-tree-fa3-fast-8b adaptive-8b-defer sampling-plain2
-#   fa3tree8-t1 fa3tree16-t1 adaptive-8b adaptive-t1 adaptive-q1 adaptive lateseq-check
-#   engines-tree32-lateseq"
+# Owed as of 2026-12-05 evening (the fast steps ran on an H100 that evening: stage fastcheck
+#   fa3tree-fast fa3tree-rrs engines-dflash-fa sampling-plain sampling-tree-rrs; BENCHMARKS.md),
+#   most wanted first; adaptive-8b-defer needs benchmarks/results/gpu-engines/tune-sglang.json in
+#   the uploaded checkout (that evening it was held out and the step failed at start):
+#   STEPS="adaptive-8b-defer kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast
+#   tree-build-bench fa3tree sampling-plain2 fa3tree8-t1 fa3tree16-t1 adaptive-8b adaptive-t1
+#   adaptive-q1 adaptive lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
-#   replayed its random numbers). One 30-minute session fits about: STEPS="stage tree-kernel
-#   fastcheck fa3tree-fast fa3tree-rrs engines-dflash-fa sampling-plain sampling-tree-rrs
-#   sampling-tree-fast" (the issue's batch-1 rows at T = 0 and 1 beside DFLASH's of the same
-#   session, one engine start each, and the T = 1 statistics of both fast walks); the next:
-#   STEPS="stage tree-kernel fa3tree fa3tree64-fast engines-dflash-fa tree-build-bench
-#   kernels-tree-fa3-fast-8b adaptive-8b-defer" (fa3tree: SGLang's acceptance; adaptive-8b-defer
-#   runs plain beside it)
+#   replayed its random numbers). One 30-minute session fits about: STEPS="adaptive-8b-defer
+#   kernels-tree-fa3-fast-8b fa3tree64-fast engines-dflash-fa sampling-plain sampling-tree-fast"
+#   (the first engine start of a fresh machine compiles Triton and fa3 kernels: 160 s on an H100)
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -88,7 +84,7 @@ step kernels-tree-fa3-fast-8b 400 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_FA3_
     benchmarks/gpu_engines.py round-cost --engine sglang --mode tree --num-spec-tokens 32 \
     --attention-backend fa3 --no-prefill-graphs --shape qwen3-8b \
     --kernel-trace /tmp/traces/tree-fa3-fast --out "$E/kernels-sglang-tree-fa3-fast-8b.json"
-# 0rrs. T = 1 by recursive rejection sampling (DFLASH_TREE_RRS=1, 2026-12-05, never on a GPU:
+# 0rrs. T = 1 by recursive rejection sampling (DFLASH_TREE_RRS=1; H100 2026-12-05: 1.96x DFLASH:
 #       siblings drawn from the drafter's q, the walk in one kernel; CPU reference at 32 nodes:
 #       tau 2.05 -> 2.40 against the walk by samples), beside fa3tree-fast's T = 1 rows
 step fa3tree-rrs 600 env DFLASH_TREE_FAST_ACCEPT=1 DFLASH_TREE_RRS=1 DFLASH_TREE_FA3_GRAPH=1 \

@@ -1,6 +1,6 @@
 """fa3's replay metadata of the tree verify as one CUDA graph per batch size
-(`DFLASH_TREE_FA3_GRAPH=1`, experimental; its first GPU run, 2026-12-05, failed on the mask
-size that `_whole_mask_call` now fixes).
+(`DFLASH_TREE_FA3_GRAPH=1`; its first GPU run, 2026-12-05, failed on the mask size that
+`_whole_mask_call` now fixes; with the fix it ran on an H100 the same day, `=check` included).
 
 Before each replay of a TARGET_VERIFY graph, SGLang 0.5.16's decode graph runner calls the
 backend's `init_forward_metadata_out_graph` eagerly. For fa3 with top-K > 1
