@@ -1,5 +1,6 @@
-"""Runs the kernel tests of this folder (and the fast tree loop's Triton-backend tests) in a
-subprocess with TRITON_INTERPRET=1 (CPU machines)."""
+"""Runs the kernel tests of this folder (and the fast tree loop's Triton-backend tests) in
+subprocesses with TRITON_INTERPRET=1 (CPU machines): two shards at once, one core each (the
+parent waits meanwhile), each about 6 minutes on a 2-core CI machine (12 minutes in one)."""
 
 import os
 import re
@@ -12,18 +13,30 @@ import pytest
 from tests.kernels._util import CUDA, INTERPRETED
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = "tests/kernels"
+SLOW = f"{HERE}/test_invariant_attention.py"  # the invariant decoders: half of the time
+SHARDS = (
+    [SLOW],
+    [HERE, f"--ignore={SLOW}", f"--ignore={HERE}/test_interpreter.py",
+     f"--ignore={HERE}/test_compile.py",
+     f"--ignore={HERE}/test_matmul_compile.py",  # compile-only files skip under it
+     "tests/dflash/test_fast_tree.py::test_plan_block_mask_triton_equals_sdpa",
+     "tests/dflash/test_fast_tree.py::test_tree_loop_triton_backend"],  # the tree's mask
+)
 
 
 @pytest.mark.skipif(CUDA or INTERPRETED, reason="kernel tests already run in this process")
 def test_kernels_in_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    here = "tests/kernels"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", here,
-           f"--ignore={here}/test_interpreter.py", f"--ignore={here}/test_compile.py",
-           f"--ignore={here}/test_matmul_compile.py",  # compile-only files skip under it
-           "tests/dflash/test_fast_tree.py::test_plan_block_mask_triton_equals_sdpa",
-           "tests/dflash/test_fast_tree.py::test_tree_loop_triton_backend"]  # the tree's mask
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-2000:]
-    last = r.stdout.strip().splitlines()[-1]
-    assert re.match(r"\d+ passed in ", last), r.stdout[-2000:]  # and nothing skipped
+    base = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+    procs = [subprocess.Popen(base + shard, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for shard in SHARDS]
+    try:
+        outs = [p.communicate(timeout=1800) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (out, err), shard in zip(procs, outs, SHARDS):
+        assert p.returncode == 0, f"{shard[0]}: " + out[-8000:] + err[-2000:]
+        last = out.strip().splitlines()[-1]
+        assert re.match(r"\d+ passed in ", last), out[-2000:]  # and nothing skipped
