@@ -7,8 +7,8 @@ R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 source "$(dirname "$0")/step.sh"
 S=benchmarks/gpu_speedup.py
-# adaptive speculation, reads every 16 rounds (the library's default; the 2026-12-01 rows: 8)
-step adaptive 330 python3 $S --out "$R/adaptive" --compile --rows adaptive --batches 1 8 32 64
+# adaptive speculation at the issue's six batch sizes (the 2026-12-02 rows: 1 8 32 64)
+step adaptive 400 python3 $S --out "$R/adaptive" --compile --rows adaptive --batches 1 4 8 16 32 64
 # sampled trees (T = 1) and the 8B-shape verify / draft cost per budget
 step tree-t1 400 python3 $S --out "$R/tree-t1" --rows tree --tree-temperature 1 --tree-8b \
     --compile --limit 8 --max-new-tokens 128 --tree-batches 1

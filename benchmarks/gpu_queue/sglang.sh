@@ -6,17 +6,20 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-05 evening (the fast steps ran on an H100 that evening: stage fastcheck
-#   fa3tree-fast fa3tree-rrs engines-dflash-fa sampling-plain sampling-tree-rrs; BENCHMARKS.md),
-#   most wanted first; adaptive-8b-defer needs benchmarks/results/gpu-engines/tune-sglang.json in
-#   the uploaded checkout (that evening it was held out and the step failed at start):
-#   STEPS="adaptive-8b-defer kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast
-#   tree-build-bench fa3tree sampling-plain2 fa3tree8-t1 fa3tree16-t1 adaptive-8b adaptive-t1
-#   adaptive-q1 adaptive lateseq-check engines-tree32-lateseq"
+# Owed as of 2026-12-05 late evening (that session got no GPU after its first machine stopped
+#   answering), most wanted first; every step reads benchmarks/results/gpu-engines/tune-sglang.json,
+#   so it must be in the uploaded checkout (on 2026-12-05 evening it was held out and
+#   adaptive-8b-defer failed at start). Issue 20 first, then issue 19's follow-ups:
+#   STEPS="adaptive-8b-defer adaptive adaptive-8b-short kernels-tree-fa3-fast-8b fa3tree64-fast
+#   sampling-tree-fast tree-build-bench fa3tree sampling-plain2 fa3tree8-t1 fa3tree16-t1
+#   adaptive-8b adaptive-t1 adaptive-q1 lateseq-check engines-tree32-lateseq"
+#   and our runtime's adaptive rows at all six batch sizes: STEPS=adaptive bash
+#   benchmarks/gpu_queue/ours.sh (about 3 min).
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
 #   replayed its random numbers). One 30-minute session fits about: STEPS="adaptive-8b-defer
-#   kernels-tree-fa3-fast-8b fa3tree64-fast engines-dflash-fa sampling-plain sampling-tree-fast"
-#   (the first engine start of a fresh machine compiles Triton and fa3 kernels: 160 s on an H100)
+#   adaptive" and ours.sh's adaptive (the first engine start of a fresh machine compiles Triton
+#   and fa3 kernels: 160 s on an H100; adaptive-8b took 320-410 s, adaptive 300 s before its
+#   rows ran 3 s each, so about 8 min now)
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -207,6 +210,13 @@ step adaptive-8b 600 python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3
 step adaptive-8b-defer 600 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 python3 \
     benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b --modes plain,adaptive \
     --concurrency 1,4,16,64 --out "$R/gpu-adaptive-sglang-8b-defer" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
+# 1c. the same with every prompt cut to its last 16 tokens: the rows are then decode steps
+#     (the dev prompts average 362 tokens, so at 64 requests about half of a row is prefill);
+#     if 1b misses 0.97 and 1c does not, the gap is in the prefill, else in the decode steps
+step adaptive-8b-short 600 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 python3 \
+    benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b --modes plain,adaptive \
+    --concurrency 1,4,16,64 --prompt-tokens 16 --out "$R/gpu-adaptive-sglang-8b-short" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 # 2. issue 20 in SGLang: one engine per k, the best k per concurrency
 step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
