@@ -70,6 +70,8 @@ LABEL_K = {"plain": 0, "dflash": 15, "adaptive": 15, "adaptive-q1": 15}  # tau f
 
 
 def start(args, mode: str):
+    from bench.engine_cli import q1_config  # imports dflash_plugin: after checkout_first
+
     from dflash_plugin.engines.sglang_tune import start as start_engine
 
     extra = {}
@@ -80,10 +82,7 @@ def start(args, mode: str):
     if mode.startswith("adaptive"):
         config = args.config
         if mode == "adaptive-q1":
-            doc = json.loads(Path(args.config).read_text())
-            doc["cells"] = [c for c in doc["cells"] if c["k"] == 0]
-            config = args.out / "q1-config.json"
-            config.write_text(json.dumps(doc))
+            config = q1_config(args.config, args.out)
         # log_level warning: the worker's step counts and times reach the log
         extra.update(speculative_algorithm="DFLASH_ADAPTIVE",
                      speculative_draft_model_path=str(args.draft),

@@ -110,7 +110,9 @@ about 2 GB, loaded for real: vLLM's drafter breaks on dummy weights, see bench/e
 batch 1, a --prompt-tokens prompt; acceptance is ~0 with random weights. Per repeat,
 time(--decode-tokens new tokens) - time(1 new token) is divided by the decode steps (plain) or by
 the drafter rounds counted by the engine (DFlash); medians over --repeats (--kernel-trace:
-`bench/kernel_trace.py`).
+`bench/kernel_trace.py`). `--mode adaptive-q1` (SGLang): our DFLASH_ADAPTIVE told only the plain
+step times of --adaptive-config, so every decode step is its q = 1 step (a plain step inside
+the DFLASH worker), beside `--mode plain`.
 """
 
 from __future__ import annotations
@@ -234,7 +236,8 @@ def cmd_round_cost(args) -> None:
     if args.kernel_trace and (why := refusal(args.engine, args.trace_steps, args.decode_tokens)):
         sys.exit(why)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="round-cost-"))
-    random_draft = args.draft_weights == "random" and args.mode in ("dflash", "tree")
+    random_draft = args.draft_weights == "random" and args.mode in ("dflash", "tree",
+                                                                     "adaptive-q1")
     target, draft = shaped_model_dirs(args.shape, args.tokenizer, work,
                                       draft_weights=random_draft)
     tok = AutoTokenizer.from_pretrained(args.tokenizer)

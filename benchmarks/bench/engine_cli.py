@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from bench.engine_rows import EngineSpec, engine_env, gpu_name
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "examples" / "fixtures"
-SPEC_MODES = ("dflash", "tuned", "tree")  # the modes that load the drafter
+SPEC_MODES = ("dflash", "tuned", "tree", "adaptive-q1")  # the modes that load the drafter
+TUNE_SGLANG = ROOT / "benchmarks" / "results" / "gpu-engines" / "tune-sglang.json"
 
 
 def draft_of(args) -> str | None:
@@ -41,6 +43,17 @@ def tuned_config(path: str) -> dict | None:
     return json.loads(Path(path).read_text())["vllm"]["speculative_config_table"]
 
 
+def q1_config(report: Path, out_dir: Path) -> Path:
+    """A copy of a `dflash tune --engine sglang` report with its plain (k = 0) cells only, in
+    `out_dir`: DFLASH_ADAPTIVE given it knows only plain step times, so every decode step is
+    its q = 1 step (what a plain step costs inside the DFLASH worker)."""
+    doc = json.loads(Path(report).read_text())
+    doc["cells"] = [c for c in doc["cells"] if c["k"] == 0]
+    out = Path(out_dir) / "q1-config.json"
+    out.write_text(json.dumps(doc))
+    return out
+
+
 def engine_spec(args, target: str, draft: str | None, **kw) -> EngineSpec:
     if getattr(args, "mode", None) == "tree":
         if args.engine != "sglang":
@@ -49,6 +62,11 @@ def engine_spec(args, target: str, draft: str | None, **kw) -> EngineSpec:
         kw["draft_attention_backend"] = args.draft_attention_backend
         if os.environ.get("DFLASH_TREE_PROFILE"):  # its lines log at info (Engine's: error)
             kw["log_level"] = "info"
+    if getattr(args, "mode", None) == "adaptive-q1":
+        if args.engine != "sglang":
+            sys.exit("--mode adaptive-q1 needs --engine sglang (DFLASH_ADAPTIVE is ours there)")
+        kw["adaptive_config"] = str(q1_config(args.adaptive_config,
+                                              Path(tempfile.mkdtemp(prefix="q1-config-"))))
     if getattr(args, "attention_backend", None):
         kw["attention_backend"] = args.attention_backend
     if getattr(args, "mode", None) == "tuned":
@@ -80,9 +98,15 @@ def write(doc: dict, path: str) -> None:
 def engine_args(q) -> None:
     """The engine options every subcommand takes (also `gpu_sampling.py`'s)."""
     q.add_argument("--engine", choices=("vllm", "sglang"), required=True)
-    q.add_argument("--mode", choices=("plain", "dflash", "tuned", "tree"), required=True,
+    q.add_argument("--mode", choices=("plain", "dflash", "tuned", "tree", "adaptive-q1"),
+                   required=True,
                    help="tuned (vLLM): the --speculative-config of a dflash tune report; "
-                   "tree (SGLang): our DFLASH_TREE, node budget --num-spec-tokens")
+                   "tree (SGLang): our DFLASH_TREE, node budget --num-spec-tokens; adaptive-q1 "
+                   "(SGLang): our DFLASH_ADAPTIVE with every decode step at q = 1 (its plain "
+                   "step)")
+    q.add_argument("--adaptive-config", default=str(TUNE_SGLANG),
+                   help="--mode adaptive-q1: a dflash tune --engine sglang report (its k = 0 "
+                   "cells are used)")
     q.add_argument("--tree-topk", type=int, default=4, help="--mode tree: top-K per depth")
     q.add_argument("--draft-attention-backend", choices=("flashinfer", "fa3", "triton"),
                    help="--mode tree: the drafter's (default: the target's, flashinfer)")

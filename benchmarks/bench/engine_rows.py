@@ -69,6 +69,7 @@ class EngineSpec:
     deterministic: bool = False  # SGLang enable_deterministic_inference (batch-invariant ops)
     draft_attention_backend: str | None = None  # SGLang drafter only, over the above (DFLASH_TREE:
     # "fa3" keeps flashinfer's host-copying plan out of the drafter's replays)
+    adaptive_config: str | None = None  # SGLang DFLASH_ADAPTIVE (ours): a dflash tune report
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,11 @@ Done = Finished  # one finished request (token ids, latency, TTFT, SGLang verify
 def vllm_kwargs(spec: EngineSpec) -> dict:
     """The keyword arguments of `vllm.LLM` for `spec` (imports vLLM only for a drafter's own
     load format)."""
-    if spec.attention_backend or spec.draft_attention_backend or spec.deterministic:
-        raise ValueError("attention_backend / draft_attention_backend / deterministic are SGLang "
-                         "keywords here; vLLM runs take its default backend")
+    if (spec.attention_backend or spec.draft_attention_backend or spec.deterministic
+            or spec.adaptive_config):
+        raise ValueError("attention_backend / draft_attention_backend / deterministic / "
+                         "adaptive_config are SGLang keywords here; vLLM runs take its default "
+                         "backend")
     if spec.tree_topk is not None:
         raise ValueError("mode tree: vLLM has no hook for tree verification (README, 'Tree "
                          "drafting and vLLM'); tree rows run in SGLang (--engine sglang)")
@@ -141,6 +144,9 @@ def sglang_kwargs(spec: EngineSpec) -> dict:
             kw.update(speculative_algorithm="DFLASH_TREE", speculative_eagle_topk=spec.tree_topk,
                       attention_backend="flashinfer",
                       speculative_draft_attention_backend="flashinfer")
+        if spec.adaptive_config:  # block length per step from this report's step times
+            kw.update(speculative_algorithm="DFLASH_ADAPTIVE",
+                      speculative_adaptive_config=spec.adaptive_config)
         if spec.draft_load_format:
             kw["speculative_draft_load_format"] = spec.draft_load_format
     if spec.attention_backend:

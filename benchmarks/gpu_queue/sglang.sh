@@ -10,16 +10,18 @@
 #   answering), most wanted first; every step reads benchmarks/results/gpu-engines/tune-sglang.json,
 #   so it must be in the uploaded checkout (on 2026-12-05 evening it was held out and
 #   adaptive-8b-defer failed at start). Issue 20 first, then issue 19's follow-ups:
-#   STEPS="adaptive-8b-defer adaptive adaptive-8b-short kernels-tree-fa3-fast-8b fa3tree64-fast
+#   STEPS="adaptive-8b-defer kernels-plain-8b kernels-q1-8b kernels-q1-defer-8b adaptive
+#   adaptive-8b-short kernels-tree-fa3-fast-8b fa3tree64-fast
 #   sampling-tree-fast tree-build-bench fa3tree sampling-plain2 fa3tree8-t1 fa3tree16-t1
 #   adaptive-8b adaptive-t1 adaptive-q1 lateseq-check engines-tree32-lateseq"
 #   and our runtime's adaptive rows at all six batch sizes: STEPS=adaptive bash
 #   benchmarks/gpu_queue/ours.sh (about 3 min).
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
-#   replayed its random numbers). One 30-minute session fits about: STEPS="adaptive-8b-defer
-#   adaptive" and ours.sh's adaptive (the first engine start of a fresh machine compiles Triton
-#   and fa3 kernels: 160 s on an H100; adaptive-8b took 320-410 s, adaptive 300 s before its
-#   rows ran 3 s each, so about 8 min now)
+#   replayed its random numbers). One 30-minute session (about 22 min of it left for steps)
+#   fits about STEPS="adaptive-8b-defer kernels-plain-8b kernels-q1-8b kernels-q1-defer-8b"
+#   and ours.sh's adaptive, or adaptive-8b-defer and adaptive (the first engine start of a
+#   fresh machine compiles Triton and fa3 kernels: 160 s on an H100; adaptive-8b took 320-410
+#   s, a round-cost 2-5 min, adaptive 300 s before its rows ran 3 s each, about 8 min now)
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -218,6 +220,19 @@ step adaptive-8b-short 600 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 python3 \
     benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b --modes plain,adaptive \
     --concurrency 1,4,16,64 --prompt-tokens 16 --out "$R/gpu-adaptive-sglang-8b-short" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
+# 1d. a plain step inside the DFLASH worker (q = 1) kernel by kernel beside SGLang's own plain
+#     step, 8B shape, 1 request, 1k prompt (GPU busy / idle time and who waited in `timeline`):
+#     whether the 2-3 % a q = 1 step costs over plain is GPU work (which kernels) or host gaps;
+#     the q = 1 step with the appends held too (the traced steps then append nothing)
+step kernels-plain-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang \
+    --mode plain --no-prefill-graphs --shape qwen3-8b --kernel-trace /tmp/traces/plain \
+    --out "$E/kernels-sglang-plain-8b.json"
+step kernels-q1-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang \
+    --mode adaptive-q1 --no-prefill-graphs --shape qwen3-8b --kernel-trace /tmp/traces/q1 \
+    --out "$E/kernels-sglang-q1-8b.json"
+step kernels-q1-defer-8b 400 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 python3 \
+    benchmarks/gpu_engines.py round-cost --engine sglang --mode adaptive-q1 --no-prefill-graphs \
+    --shape qwen3-8b --kernel-trace /tmp/traces/q1-defer --out "$E/kernels-sglang-q1-defer-8b.json"
 # 2. issue 20 in SGLang: one engine per k, the best k per concurrency
 step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
     --target examples/fixtures/code-target --draft examples/fixtures/code-target-dflash-b16 \
