@@ -130,6 +130,7 @@ checkout_first()  # this checkout's dflash_plugin (bench.engine_rows imports it)
 
 from bench.engine_cli import (  # noqa: E402
     FIX,
+    SPEC_MODES,
     draft_of,
     engine_args,
     engine_spec,
@@ -236,8 +237,7 @@ def cmd_round_cost(args) -> None:
     if args.kernel_trace and (why := refusal(args.engine, args.trace_steps, args.decode_tokens)):
         sys.exit(why)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="round-cost-"))
-    random_draft = args.draft_weights == "random" and args.mode in ("dflash", "tree",
-                                                                     "adaptive-q1")
+    random_draft = args.draft_weights == "random" and args.mode in SPEC_MODES  # not tuned: above
     target, draft = shaped_model_dirs(args.shape, args.tokenizer, work,
                                       draft_weights=random_draft)
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
