@@ -2,8 +2,8 @@
 
 SGLang pins another torch and needs CUDA-only packages, so `make setup` installs the wheel alone
 into `.venv/sglang` (see the Makefile / README "SGLang"). The checks that import SGLang live in
-`sglang_env/checks*.py` and run once, in a subprocess whose path holds that folder and the
-torchvision shim; each of their test functions is reported here as its own test.
+`sglang_env/checks*.py` and run once, in two subprocesses at once (`SHARDS`) whose path holds
+that folder and the torchvision shim; each of their test functions is reported here as its own test.
 """
 
 import ast
@@ -38,19 +38,38 @@ def _check_functions():
     return out
 
 
+# two shards at once, one core each (the parent waits meanwhile): the sampling checks are 190 of
+# the 310 s that all of them took in one process on a 2-core machine
+SHARDS = ([f for f in CHECKS if f.stem == "checks_sampling"],
+          [f for f in CHECKS if f.stem != "checks_sampling"])
+
+
 @pytest.fixture(scope="module")
 def sglang_results(tmp_path_factory):
     if not (SGLANG_ENV / "sglang").is_dir():
         pytest.skip(f"SGLang test env missing ({SGLANG_ENV}): `make setup` installs it")
-    xml = tmp_path_factory.mktemp("sglang") / "junit.xml"
+    tmp = tmp_path_factory.mktemp("sglang")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(ROOT), str(SGLANG_ENV)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    proc = subprocess.run([sys.executable, "-m", "pytest", *map(str, CHECKS), "-q",
-                           "-p", "no:cacheprovider", "-p", "tests.engines.sglang_env.fixtures",
-                           f"--junitxml={xml}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1800)
-    if not xml.is_file():
-        pytest.fail(f"the SGLang checks did not run:\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}")
+    xmls = [tmp / f"junit{i}.xml" for i, files in enumerate(SHARDS) if files]
+    procs = [subprocess.Popen([sys.executable, "-m", "pytest", *map(str, files), "-q",
+                               "-p", "no:cacheprovider", "-p", "tests.engines.sglang_env.fixtures",
+                               f"--junitxml={xml}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for files, xml in zip([f for f in SHARDS if f], xmls)]
+    try:
+        outs = [p.communicate(timeout=1800) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for xml, (out, err) in zip(xmls, outs):
+        if not xml.is_file():
+            pytest.fail(f"the SGLang checks did not run:\n{out[-4000:]}{err[-4000:]}")
+    return {k: v for xml in xmls for k, v in junit_results(xml).items()}
+
+
+def junit_results(xml) -> dict:
+    """check name -> ("passed" | "failed" | "skipped", text) from one junit file."""
     results = {}
     for case in ET.parse(xml).iter("testcase"):
         name = f"{case.get('classname').rsplit('.', 1)[-1]}::{case.get('name')}"
