@@ -6,20 +6,19 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-05 late evening (that session got no GPU after its first machine stopped
-#   answering), most wanted first; every step reads benchmarks/results/gpu-engines/tune-sglang.json,
+# Owed as of 2026-12-06 (the sessions of 2026-12-05 late evening and 2026-12-06 got no SGLang
+#   run: a machine that stopped answering, then starts refused), most wanted first; every step reads benchmarks/results/gpu-engines/tune-sglang.json,
 #   so it must be in the uploaded checkout (on 2026-12-05 evening it was held out and
 #   adaptive-8b-defer failed at start). Issue 20 first, then issue 19's follow-ups:
 #   STEPS="adaptive-8b-defer kernels-plain-8b kernels-q1-8b kernels-q1-defer-8b adaptive
 #   adaptive-8b-short kernels-tree-fa3-fast-8b fa3tree64-fast
 #   sampling-tree-fast tree-build-bench fa3tree sampling-plain2 fa3tree8-t1 fa3tree16-t1
 #   adaptive-8b adaptive-t1 adaptive-q1 lateseq-check engines-tree32-lateseq"
-#   and our runtime's adaptive rows at all six batch sizes: STEPS=adaptive bash
-#   benchmarks/gpu_queue/ours.sh (about 3 min).
+#   (our runtime's adaptive rows at all six batch sizes ran 2026-12-06: ours.sh, 91 s).
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
 #   replayed its random numbers). One 30-minute session (about 22 min of it left for steps)
-#   fits about STEPS="adaptive-8b-defer kernels-plain-8b kernels-q1-8b kernels-q1-defer-8b"
-#   and ours.sh's adaptive, or adaptive-8b-defer and adaptive (the first engine start of a
+#   fits about STEPS="adaptive-8b-defer kernels-plain-8b kernels-q1-8b kernels-q1-defer-8b",
+#   or adaptive-8b-defer and adaptive (the first engine start of a
 #   fresh machine compiles Triton and fa3 kernels: 160 s on an H100; adaptive-8b took 320-410
 #   s, a round-cost 2-5 min, adaptive 300 s before its rows ran 3 s each, about 8 min now)
 set -u
