@@ -7,9 +7,9 @@
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
 # Owed as of 2026-12-06 (the sessions of 2026-12-05 late evening and 2026-12-06 got no SGLang
-#   run: a machine that stopped answering, then starts refused), most wanted first; every step reads benchmarks/results/gpu-engines/tune-sglang.json,
-#   so it must be in the uploaded checkout (on 2026-12-05 evening it was held out and
-#   adaptive-8b-defer failed at start). Issue 20 first, then issue 19's follow-ups:
+#   run: a machine that stopped answering, then starts refused), most wanted first; every step
+#   reads benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the uploaded checkout
+#   (on 2026-12-05 evening it was held out and adaptive-8b-defer failed at start). Issue 20 first, then issue 19's follow-ups:
 #   STEPS="adaptive-8b-defer kernels-plain-8b kernels-q1-8b kernels-q1-defer-8b adaptive
 #   adaptive-8b-short kernels-tree-fa3-fast-8b fa3tree64-fast
 #   sampling-tree-fast tree-build-bench fa3tree sampling-plain2 fa3tree8-t1 fa3tree16-t1
