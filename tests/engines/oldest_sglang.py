@@ -6,10 +6,11 @@ import ast
 import os
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+from tests.subprocs import junit_results
 
 ROOT = Path(__file__).resolve().parents[2]
 LEGACY_ENV = ROOT / ".venv" / "sglang-0.5.16"
@@ -39,11 +40,4 @@ def run_checks(path: Path | list[Path], tmp: Path, timeout: int = 1800,
         names = ", ".join(p.name for p in paths)
         pytest.fail(f"{names} did not run in the oldest SGLang:\n{proc.stdout[-4000:]}"
                     f"{proc.stderr[-4000:]}")
-    out = {}
-    for case in ET.parse(junit).iter("testcase"):
-        bad = case.find("failure")
-        bad = case.find("error") if bad is None else bad
-        skip = case.find("skipped")
-        out[case.get("name")] = ("failed", bad.text) if bad is not None else (
-            ("skipped", skip.get("message")) if skip is not None else ("passed", ""))
-    return out
+    return junit_results(junit)

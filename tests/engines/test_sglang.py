@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from specfold_plugin.engines.sglang import parse_specfold_config
 from spiffy_plugin.engines.sdar import convert_to_sdar
 from spiffy_plugin.engines.sglang import parse_spiffy_config
 from spiffy_plugin.errors import ConfigError
+from tests.subprocs import junit_results, run_at_once
 
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_ENV = ROOT / ".venv" / "sglang"
@@ -51,34 +51,14 @@ def sglang_results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sglang")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(ROOT), str(SGLANG_ENV)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    xmls = [tmp / f"junit{i}.xml" for i, files in enumerate(SHARDS) if files]
-    procs = [subprocess.Popen([sys.executable, "-m", "pytest", *map(str, files), "-q",
-                               "-p", "no:cacheprovider", "-p", "tests.engines.sglang_env.fixtures",
-                               f"--junitxml={xml}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-             for files, xml in zip([f for f in SHARDS if f], xmls)]
-    try:
-        outs = [p.communicate(timeout=1800) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for xml, (out, err) in zip(xmls, outs):
+    xmls = [tmp / f"junit{i}.xml" for i in range(len(SHARDS))]
+    runs = run_at_once([[sys.executable, "-m", "pytest", *map(str, files), "-q", "-p",
+                         "no:cacheprovider", "-p", "tests.engines.sglang_env.fixtures",
+                         f"--junitxml={xml}"] for files, xml in zip(SHARDS, xmls)], env)
+    for xml, (_, out, err) in zip(xmls, runs):
         if not xml.is_file():
             pytest.fail(f"the SGLang checks did not run:\n{out[-4000:]}{err[-4000:]}")
-    return {k: v for xml in xmls for k, v in junit_results(xml).items()}
-
-
-def junit_results(xml) -> dict:
-    """check name -> ("passed" | "failed" | "skipped", text) from one junit file."""
-    results = {}
-    for case in ET.parse(xml).iter("testcase"):
-        name = f"{case.get('classname').rsplit('.', 1)[-1]}::{case.get('name')}"
-        bad = case.find("failure")  # (Elements without children are falsy: no `or` here)
-        bad = case.find("error") if bad is None else bad
-        skip = case.find("skipped")
-        results[name] = ("failed", bad.text) if bad is not None else (
-            ("skipped", skip.get("message")) if skip is not None else ("passed", ""))
-    return results
+    return {k: v for xml in xmls for k, v in junit_results(xml, qualified=True).items()}
 
 
 @pytest.mark.parametrize("check", _check_functions())

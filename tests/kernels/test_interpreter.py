@@ -4,15 +4,13 @@ parent waits meanwhile), each about 6 minutes on a 2-core CI machine (12 minutes
 
 import os
 import re
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.kernels._util import CUDA, INTERPRETED
+from tests.subprocs import run_at_once
 
-ROOT = Path(__file__).resolve().parents[2]
 HERE = "tests/kernels"
 SLOW = f"{HERE}/test_invariant_attention.py"  # the invariant decoders: half of the time
 SHARDS = (
@@ -29,14 +27,8 @@ SHARDS = (
 def test_kernels_in_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     base = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-    procs = [subprocess.Popen(base + shard, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for shard in SHARDS]
-    try:
-        outs = [p.communicate(timeout=1800) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for p, (out, err), shard in zip(procs, outs, SHARDS):
-        assert p.returncode == 0, f"{shard[0]}: " + out[-8000:] + err[-2000:]
+    runs = run_at_once([base + shard for shard in SHARDS], env)
+    for (rc, out, err), shard in zip(runs, SHARDS):
+        assert rc == 0, f"{shard[0]}: " + out[-8000:] + err[-2000:]
         last = out.strip().splitlines()[-1]
         assert re.match(r"\d+ passed in ", last), out[-2000:]  # and nothing skipped
