@@ -167,6 +167,7 @@ class BlockPolicy:
         self.probe_len = 1  # rounds per probe (ServerPolicy: 2, see StepClock)
         self.short_rounds = 0  # rounds since the last one at probe_q (plain ones included)
         self.quiet = 0  # probes since the choice last moved (spacing x 2 ** quiet)
+        self.untimed: set[int] = set()  # q whose time is only given (ServerPolicy: the tune's)
         self._last_q = None  # the choice at the previous decision
         longer = [q for q in self.round_ms if q > 1]
         self.probe_q = max(longer) if len(self.round_ms) > 1 and longer else None
@@ -174,9 +175,14 @@ class BlockPolicy:
     def spacing(self, q: int) -> int:
         """Rounds at q between probes at probe_q: probe_every, or more where a probe (of
         `probe_len` rounds) costs over probe_overhead of those rounds' time (0: never); times
-        2 ** quiet (`probe_backoff`)."""
+        2 ** quiet (`probe_backoff`). While probe_q's time is `untimed` (given, e.g. by a tune
+        report from another machine): probe_every. A given time too long for probe_q kept the
+        policy off speculation for hundreds of rounds (SGLang, fixture, 64 requests, H100,
+        2026-12-06: q = 16 given 9.39 ms, 3.07 live; 256-506 plain steps before a probe)."""
         if not self.cfg.probe_every or not self.probe_q or q >= self.probe_q:
             return 0
+        if self.probe_q in self.untimed:
+            return self.cfg.probe_every
         extra = self.probe_len * (self.round_ms[self.probe_q] / self.round_ms[q] - 1)
         base = max(self.cfg.probe_every, math.ceil(extra / self.cfg.probe_overhead))
         return base << self.quiet
@@ -270,6 +276,7 @@ class ServerPolicy:
             p.survival = self.survival  # acceptance does not depend on the batch size
             p.probe_len = probe_steps
             self._raw[c] = dict(p.round_ms)  # q -> ms given or measured, before `cap_plain`
+            p.untimed = set(p.round_ms)  # given times, until `timed` measures them live
             p.round_ms = cap_plain(p.round_ms)
             self.policies[c] = p
         self._live: dict[tuple[int, int], tuple[float, float]] = {}  # (c, q) -> decayed w, sum
@@ -308,7 +315,8 @@ class ServerPolicy:
         of that row and q, as a decayed mean (`decay` 0.9 per sample; a sample over 4x the
         current mean, e.g. a pause of the host, is left out). The row decides by these times
         with the plain step capped at its cheapest speculative round (`cap_plain`): a plain
-        time read too high is never re-measured, as plain is then never chosen there."""
+        time read too high is never re-measured, as plain is then never chosen there. Until a
+        row's probe length is timed live, the row probes every `probe_every` steps."""
         if not ms > 0:
             return
         c = self._row(bs)
@@ -324,6 +332,7 @@ class ServerPolicy:
         w, tot = 0.9 * w + 1.0, 0.9 * tot + ms
         self._live[key] = (w, tot)
         self._raw[c][q] = tot / w
+        p.untimed.discard(q)
         p.round_ms = cap_plain(self._raw[c])  # `choose` and the probe spacing read it
 
     def times(self) -> dict[int, dict[int, float]]:

@@ -261,6 +261,9 @@ def test_server_policy_probe_steps_issues_each_probe_twice():
             policy.observe(1, 16, [0])
     assert two.policies[1].spacing(1) == 4  # probe_every still binds
     slow = ServerPolicy(cfg, {1: {1: 1.0, 16: 4.0}}, max_q=16, probe_steps=2)
+    assert slow.policies[1].spacing(1) == 4  # q = 16's time is the tune's: probe_every
+    for _ in range(2):  # a warm-up sample (left out), then the live one
+        slow.timed(1, 16, 4.0)
     assert slow.policies[1].spacing(1) == 12  # 2 x (4 - 1) / 0.5
     for _ in range(4):
         two.observe(1, 1, [0])
@@ -283,10 +286,10 @@ def test_step_clock_counts_an_interval_only_between_two_steps_alike():
     assert clock.launch(0.030, 8, 1) is None and clock.launch(0.031, 8, 1) is None
 
 
-def _overlapped_server(policy, gpu_ms, steps, host_ms=0.5):
+def _overlapped_server(policy, gpu_ms, steps, host_ms=0.5, accepted=0):
     """An overlapped schedule (SGLang's): step N launches after its host work and after step
     N - 2's results are back (the scheduler waits for N - 1 only once N is launched). Returns
-    the q of each step; every step verifies with no draft accepted."""
+    the q of each step; every row of every step accepts `accepted` drafts (at most q - 1)."""
     clock, launch, done, qs = StepClock(), 0.0, [0.0, 0.0], []
     for _ in range(steps):
         q = policy.choose(64)
@@ -294,7 +297,7 @@ def _overlapped_server(policy, gpu_ms, steps, host_ms=0.5):
             policy.timed(*sample)
         start = max(launch + host_ms, done[-1])  # the GPU runs the step after the previous
         done.append(start + gpu_ms[q])
-        policy.observe(64, q, [0] * 64)
+        policy.observe(64, q, [min(accepted, q - 1)] * 64)
         qs.append(q)
         launch = max(launch + host_ms, done[-2])  # step N + 1 waits for N - 1's results
     return qs
@@ -327,3 +330,29 @@ def test_server_probes_cost_at_most_one_percent_when_nothing_passes(backoff, mos
     tail = _overlapped_server(policy, gpu, 6000)[-4000:]
     extra = sum(gpu[q] - gpu[1] for q in tail) / sum(gpu[1] for _ in tail)
     assert 0 < extra <= most
+
+
+def test_server_policy_probes_a_tune_time_soon_and_then_speculates():
+    """The H100 run of 2026-12-06 (SGLang, fixture, dev prompts, 64 requests): the tune report's
+    q = 16 time at 64 requests (9.39 ms, another machine) made plain look best (plain 2.61 ms
+    live) although q = 16 took 3.07 ms; probes spaced by that time came 520 plain steps apart,
+    and the row ran 256-506 plain steps (0.79-0.90x fixed DFLASH). Until a row's q = 16 is
+    timed live it probes every `probe_every` steps: the row speculates after a few dozen."""
+    gpu = {1: 2.61, 8: 2.9, 16: 3.07}
+
+    def run(untimed: bool) -> list[int]:
+        policy = ServerPolicy(SERVER_CONFIG, {64: {1: 2.67, 8: 11.61, 16: 9.39}}, max_q=16,
+                              probe_steps=PROBE_STEPS)
+        for _ in range(40):
+            policy.observe(64, 16, [1] * 64)  # s_1 = 1, the rest 0: E(q > 1) = 2
+        for _ in range(2):
+            policy.timed(64, 1, gpu[1])  # plain timed live (warm-up, then the sample)
+        if not untimed:
+            policy.policies[64].untimed.clear()  # as before: the tune's times trusted
+        return _overlapped_server(policy, gpu, 600, accepted=1)
+
+    now, before = run(True), run(False)
+    first_run = next(i for i in range(len(now)) if now[i:i + 8] == [16] * 8)
+    assert first_run <= 60
+    assert now[-400:].count(16) >= 390
+    assert before[:500].count(1) >= 480  # the old spacing: 2 x (9.39 / 2.61 - 1) / 0.01 rounds
