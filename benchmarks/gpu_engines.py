@@ -103,16 +103,16 @@ caching is off unless --prefix-caching, so repeated prompts are real prefills. P
 time, output tokens/s (all generated tokens / wall), TTFT (vLLM only; null for SGLang), tau
 from the engine's own counters (deltas around the row) and every prompt's output token ids.
 
-`round-cost`: a target of --shape (qwen3-8b: hidden 4096, 36 layers, 32/8 heads of 128, FFN
-12288, vocab 151936) with load_format="dummy" random weights, the fixture tokenizer, and a
-5-layer z-lab DFlash drafter for it (target_layer_ids [1, 9, 17, 25, 33]; random safetensors,
-about 2 GB, loaded for real: vLLM's drafter breaks on dummy weights, see bench/engine_rows.py);
-batch 1, a --prompt-tokens prompt; acceptance is ~0 with random weights. Per repeat,
+`round-cost`: a target of --shape (qwen3-8b: hidden 4096, 36 layers, 32/8 heads of 128, FFN 12288,
+vocab 151936) with load_format="dummy" random weights, the fixture tokenizer, and a 5-layer z-lab
+DFlash drafter for it (target_layer_ids [1, 9, 17, 25, 33]; random safetensors, about 2 GB, loaded
+for real: vLLM's drafter breaks on dummy weights, see bench/engine_rows.py); a --prompt-tokens
+prompt, sent --batch times together (default 1); acceptance is ~0 with random weights. Per repeat,
 time(--decode-tokens new tokens) - time(1 new token) is divided by the decode steps (plain) or by
-the drafter rounds counted by the engine (DFlash); medians over --repeats (--kernel-trace:
-`bench/kernel_trace.py`). `--mode adaptive-q1` (SGLang): our DFLASH_ADAPTIVE told only the plain
-step times of --adaptive-config, so every decode step is its q = 1 step (a plain step inside
-the DFLASH worker), beside `--mode plain`.
+the drafter rounds per request counted by the engine (DFlash); medians over --repeats
+(--kernel-trace: `bench/kernel_trace.py`). `--mode adaptive-q1` (SGLang): our DFLASH_ADAPTIVE told
+only the plain step times of --adaptive-config, so every decode step is its q = 1 step (a plain step
+inside the DFLASH worker), beside `--mode plain`.
 """
 
 from __future__ import annotations
@@ -236,32 +236,34 @@ def cmd_round_cost(args) -> None:
         sys.exit("round-cost measures --mode plain, dflash or tree")
     if args.kernel_trace and (why := refusal(args.engine, args.trace_steps, args.decode_tokens)):
         sys.exit(why)
+    if args.batch < 1:
+        sys.exit(f"--batch must be >= 1 (requests decoding together), got {args.batch}")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="round-cost-"))
     random_draft = args.draft_weights == "random" and args.mode in SPEC_MODES  # not tuned: above
     target, draft = shaped_model_dirs(args.shape, args.tokenizer, work,
                                       draft_weights=random_draft)
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     text = "\n\n".join(load_prompts_jsonl(args.prompts))
-    ids = tok(text).input_ids[: args.prompt_tokens]  # [prompt_tokens] ids, batch 1
+    ids = tok(text).input_ids[: args.prompt_tokens]  # [prompt_tokens] ids, sent --batch times
     draft_format = "auto" if random_draft else None
     runner = start_engine(engine_spec(args, str(target), str(draft) if args.mode != "plain"
-                                      else None, max_seqs=1, load_format="dummy",
+                                      else None, max_seqs=args.batch, load_format="dummy",
                                       draft_load_format=draft_format))
     doc = header(args, runner, "round-cost")
     doc.update(shape=args.shape, shape_config=SHAPES[args.shape], prompt_tokens=len(ids),
-               decode_tokens=args.decode_tokens, repeats=args.repeats)
+               decode_tokens=args.decode_tokens, repeats=args.repeats, batch=args.batch)
     doc.update(round_cost(runner, ids, args.decode_tokens, args.repeats,
-                          speculative=args.mode != "plain"))
+                          speculative=args.mode != "plain", batch=args.batch))
     write(doc, args.out)
     if args.kernel_trace:
         doc["kernels"] = per_kernel(runner, ids, args.decode_tokens, args.trace_steps,
-                                    args.kernel_trace)
+                                    args.kernel_trace, args.batch)
         write(doc, args.out)
         print(markdown(doc["kernels"]), flush=True)
     what = "decode step"
     if args.mode != "plain":
         what = f"round ({fmt(doc['tokens_per_round'], '.2f')} tokens per round)"
-    print(f"{args.engine} {args.mode} TP={args.tp} {args.shape}: "
+    print(f"{args.engine} {args.mode} TP={args.tp} {args.shape} batch {args.batch}: "
           f"{1e3 * doc['per_round_s']:.2f} ms per {what}", flush=True)
     runner.close()
 
@@ -299,6 +301,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     c.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
     c.add_argument("--tokenizer", default=str(FIX / "code-target"))
     c.add_argument("--prompt-tokens", type=int, default=1024)
+    c.add_argument("--batch", type=int, default=1, help="copies of the prompt decoding together "
+                   "(each a real prefill: no prefix caching); keep batch x prompt-tokens within "
+                   "one prefill chunk")
     c.add_argument("--decode-tokens", type=int, default=128)
     c.add_argument("--repeats", type=int, default=3)
     c.add_argument("--work-dir", default=None, help="where the config dirs go (default: temp)")

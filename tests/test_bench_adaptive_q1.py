@@ -54,3 +54,14 @@ def test_adaptive_q1_is_refused_for_vllm(engines):
         engines.engine_spec(args, "target-dir", "drafter-dir")
     with pytest.raises(ValueError, match="adaptive_config"):
         vllm_kwargs(EngineSpec(engine="vllm", target="t", draft="d", adaptive_config="c.json"))
+
+
+def test_round_cost_batch_is_checked_before_any_engine_starts(engines):
+    """`round-cost --batch 0` stops with the flag and its range before any engine is started;
+    the default is one request."""
+    args = engines.parse_args(["round-cost", "--engine", "sglang", "--mode", "adaptive-q1",
+                               "--batch", "0", "--out", "x.json"])
+    with pytest.raises(SystemExit, match=r"--batch must be >= 1 .* got 0"):
+        engines.cmd_round_cost(args)
+    assert engines.parse_args(["round-cost", "--engine", "sglang", "--mode", "plain",
+                               "--out", "x"]).batch == 1

@@ -202,7 +202,7 @@ class FakeRunner:
     `clock`; SGLang-style verify-round counts on each finished request."""
 
     def __init__(self, clock: FakeClock, tau: int | None):
-        self.clock, self.tau, self.calls = clock, tau, []
+        self.clock, self.tau, self.calls, self.batches = clock, tau, [], []
 
     def counters(self) -> dict:
         return {}
@@ -212,10 +212,12 @@ class FakeRunner:
 
         n = samplings[0].max_tokens
         rounds = -(-(n - 1) // (self.tau or 1))
-        self.clock.t += 0.005 + 0.002 * rounds
+        self.clock.t += 0.005 + 0.002 * rounds  # the requests decode together, in step
         self.calls.append(n)
+        self.batches.append((len(prompts), len(samplings), concurrency))
         return [Done(token_ids=[7] * n, latency_s=0.0,
-                     verify_rounds=(rounds or None) if self.tau else None)]
+                     verify_rounds=(rounds or None) if self.tau else None)
+                for _ in prompts]
 
 
 @pytest.mark.parametrize("tau", [None, 1, 3])
@@ -231,3 +233,22 @@ def test_round_cost_divides_the_decode_time_by_the_rounds(scripts, monkeypatch, 
     assert out["per_round_s"] == pytest.approx(0.002)
     assert out["tokens_per_round"] == pytest.approx(63 / -(-63 // (tau or 1)))
     assert len(out["repeats_detail"]) == 3 and rc.median([None, 2, 1, 3]) == 2
+    assert set(runner.batches) == {(1, 1, 1)}
+
+
+@pytest.mark.parametrize("tau", [None, 3])
+def test_round_cost_at_a_batch_divides_by_the_rounds_of_one_request(scripts, monkeypatch, tau):  # noqa: F811
+    """--batch 4: four copies of the prompt sent together; the engine's rounds are summed over
+    the requests, so a round's time is the decode time over the rounds of one request."""
+    from bench import round_cost as rc
+
+    clock = FakeClock()
+    monkeypatch.setattr(rc.time, "perf_counter", clock)
+    runner = FakeRunner(clock, tau)
+    out = rc.round_cost(runner, [1, 2, 3], decode_tokens=64, repeats=3,
+                        speculative=tau is not None, batch=4)
+    assert set(runner.batches) == {(4, 4, 4)}
+    assert out["per_round_s"] == pytest.approx(0.002)
+    assert out["tokens_per_round"] == pytest.approx(63 / -(-63 // (tau or 1)))
+    with pytest.raises(ValueError, match="batch"):
+        rc.round_cost(runner, [1], decode_tokens=8, repeats=1, speculative=False, batch=0)

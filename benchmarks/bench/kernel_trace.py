@@ -28,10 +28,12 @@ def refusal(engine: str, steps: int, tokens: int) -> str | None:
     return None
 
 
-def record(runner, ids: list[int], tokens: int, steps: int, out_dir: Path) -> Path:
-    """One greedy request of `tokens` new tokens on a started SGLang runner, its first `steps`
-    decode steps (speculative rounds) under SGLang's profiler by stage (CPU and GPU activity;
-    the prefill goes to a file of its own); returns the decode trace written in `out_dir`."""
+def record(runner, ids: list[int], tokens: int, steps: int, out_dir: Path,
+           batch: int = 1) -> Path:
+    """`batch` greedy requests of `tokens` new tokens (copies of one prompt, sent together) on
+    a started SGLang runner, the first `steps` decode steps (speculative rounds) under SGLang's
+    profiler by stage (CPU and GPU activity; the prefills go to a file of their own); returns
+    the decode trace written in `out_dir`."""
     from bench.engine_rows import Sampling
 
     if why := refusal("sglang", steps, tokens):
@@ -40,7 +42,7 @@ def record(runner, ids: list[int], tokens: int, steps: int, out_dir: Path) -> Pa
     before = set(out_dir.glob("*.trace.json.gz"))
     runner.engine.start_profile(output_dir=str(out_dir), activities=["CPU", "GPU"],
                                 profile_by_stage=True, num_steps=steps)
-    runner.run([ids], [Sampling(0.0, tokens, None)], 1)
+    runner.run([ids] * batch, [Sampling(0.0, tokens, None)] * batch, batch)
     for _ in range(600):  # the scheduler writes the file after the request's steps
         new = sorted(p for p in set(out_dir.glob("*.trace.json.gz")) - before
                      if "DECODE" in p.name)
@@ -50,9 +52,10 @@ def record(runner, ids: list[int], tokens: int, steps: int, out_dir: Path) -> Pa
     raise FileNotFoundError(f"SGLang's profiler wrote no decode trace in {out_dir}")
 
 
-def per_kernel(runner, ids: list[int], tokens: int, steps: int, out_dir: Path) -> dict:
+def per_kernel(runner, ids: list[int], tokens: int, steps: int, out_dir: Path,
+               batch: int = 1) -> dict:
     """`record`, then its `kernel_table` and `timeline` with the trace's path."""
-    trace = record(runner, ids, tokens, steps, out_dir)
+    trace = record(runner, ids, tokens, steps, out_dir, batch)
     events = load_events(trace)
     return dict(kernel_table(events, steps, top=40), **timeline(events, steps), trace=str(trace))
 

@@ -232,6 +232,17 @@ step kernels-q1-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sgl
 step kernels-q1-defer-8b 400 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 python3 \
     benchmarks/gpu_engines.py round-cost --engine sglang --mode adaptive-q1 --no-prefill-graphs \
     --shape qwen3-8b --kernel-trace /tmp/traces/q1-defer --out "$E/kernels-sglang-q1-defer-8b.json"
+# 1e. the same at 64 requests (64 copies of a 128-token prompt decoding together: one prefill
+#     chunk): on the H100 (2026-12-06) the adaptive server's plain steps were 0.977x plain at 1,
+#     4 and 16 requests and 0.954x at 64; at 1 request the q = 1 step's extra GPU work was FA3's
+#     per-layer scheduling kernel (36 calls, 121 us) and a slower verify-mode attention (+49 us)
+step kernels-plain-8b-b64 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang \
+    --mode plain --no-prefill-graphs --shape qwen3-8b --batch 64 --prompt-tokens 128 \
+    --kernel-trace /tmp/traces/plain-b64 --out "$E/kernels-sglang-plain-8b-b64.json"
+step kernels-q1-defer-8b-b64 400 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 python3 \
+    benchmarks/gpu_engines.py round-cost --engine sglang --mode adaptive-q1 --no-prefill-graphs \
+    --shape qwen3-8b --batch 64 --prompt-tokens 128 --kernel-trace /tmp/traces/q1-defer-b64 \
+    --out "$E/kernels-sglang-q1-defer-8b-b64.json"
 # 2. issue 20 in SGLang: one engine per k, the best k per concurrency
 step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
     --target examples/fixtures/code-target --draft examples/fixtures/code-target-dflash-b16 \
