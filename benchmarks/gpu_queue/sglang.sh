@@ -6,21 +6,21 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-06 (the sessions of 2026-12-05 late evening and 2026-12-06 got no SGLang
-#   run: a machine that stopped answering, then starts refused), most wanted first; every step
-#   reads benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the uploaded checkout
-#   (on 2026-12-05 evening it was held out and adaptive-8b-defer failed at start). Issue 20 first, then issue 19's follow-ups:
-#   STEPS="adaptive-8b-defer kernels-plain-8b kernels-q1-8b kernels-q1-defer-8b adaptive
-#   adaptive-8b-short kernels-tree-fa3-fast-8b fa3tree64-fast
-#   sampling-tree-fast tree-build-bench fa3tree sampling-plain2 fa3tree8-t1 fa3tree16-t1
-#   adaptive-8b adaptive-t1 adaptive-q1 lateseq-check engines-tree32-lateseq"
-#   (our runtime's adaptive rows at all six batch sizes ran 2026-12-06: ours.sh, 91 s).
+# Owed as of 2026-12-06 morning (that session ran adaptive-8b-defer, kernels-plain-8b,
+#   kernels-q1-8b, kernels-q1-defer-8b, adaptive-8b-short and adaptive twice on an H100:
+#   BENCHMARKS.md), most wanted first; every step reads
+#   benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the uploaded checkout.
+#   Issue 20 first (the plain-step attention, the batch-64 kernels, the fixture rows with the
+#   probe rule of a61cdb9), then issue 19's follow-ups:
+#   STEPS="adaptive-8b-plainattn kernels-q1-plainattn-8b kernels-q1-plainattn-8b-b64
+#   kernels-plain-8b-b64 kernels-q1-defer-8b-b64 adaptive kernels-tree-fa3-fast-8b
+#   fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree sampling-plain2 fa3tree8-t1
+#   fa3tree16-t1 adaptive-8b adaptive-t1 adaptive-q1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
-#   replayed its random numbers). One 30-minute session (about 22 min of it left for steps)
-#   fits about STEPS="adaptive-8b-defer kernels-plain-8b kernels-q1-8b kernels-q1-defer-8b",
-#   or adaptive-8b-defer and adaptive (the first engine start of a
-#   fresh machine compiles Triton and fa3 kernels: 160 s on an H100; adaptive-8b took 320-410
-#   s, a round-cost 2-5 min, adaptive 300 s before its rows ran 3 s each, about 8 min now)
+#   replayed its random numbers). Times on a fresh H100 (2026-12-06): the first engine start
+#   compiles (adaptive-8b-defer 370 s in all), a warm round-cost 50-65 s, adaptive 235-255 s,
+#   adaptive-8b-short 295 s; one 30-minute session (about 22 min left for steps after staging)
+#   fits the first six steps above.
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -243,6 +243,22 @@ step kernels-q1-defer-8b-b64 400 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 python3 \
     benchmarks/gpu_engines.py round-cost --engine sglang --mode adaptive-q1 --no-prefill-graphs \
     --shape qwen3-8b --batch 64 --prompt-tokens 128 --kernel-trace /tmp/traces/q1-defer-b64 \
     --out "$E/kernels-sglang-q1-defer-8b-b64.json"
+# 1f. the q = 1 step attending as SGLang's plain decode step (DFLASH_ADAPTIVE_PLAIN_ATTENTION=1,
+#     `engines/sglang_plain_attention.py`: FA3's decode path with its schedule computed once per
+#     step; never run on a GPU yet): kernels at 1 and 64 requests, then the server's rows
+#     (token identity with plain is the rows' own check)
+P="env DFLASH_ADAPTIVE_DEFER_APPEND=1024 DFLASH_ADAPTIVE_PLAIN_ATTENTION=1"
+step kernels-q1-plainattn-8b 400 $P python3 benchmarks/gpu_engines.py round-cost \
+    --engine sglang --mode adaptive-q1 --no-prefill-graphs --shape qwen3-8b \
+    --kernel-trace /tmp/traces/q1-plainattn --out "$E/kernels-sglang-q1-plainattn-8b.json"
+step kernels-q1-plainattn-8b-b64 400 $P python3 benchmarks/gpu_engines.py round-cost \
+    --engine sglang --mode adaptive-q1 --no-prefill-graphs --shape qwen3-8b --batch 64 \
+    --prompt-tokens 128 --kernel-trace /tmp/traces/q1-plainattn-b64 \
+    --out "$E/kernels-sglang-q1-plainattn-8b-b64.json"
+step adaptive-8b-plainattn 600 $P python3 benchmarks/gpu_adaptive_sglang.py all \
+    --shape qwen3-8b --modes plain,adaptive --concurrency 1,4,16,64 \
+    --out "$R/gpu-adaptive-sglang-8b-plainattn" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
 # 2. issue 20 in SGLang: one engine per k, the best k per concurrency
 step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
     --target examples/fixtures/code-target --draft examples/fixtures/code-target-dflash-b16 \

@@ -27,6 +27,8 @@ eager, it was 0.36-0.89 ms of host time in every step on the H200 (2026-12-03 pr
 BENCHMARKS.md). `DFLASH_TREE_GRAPHS=0` (or a failed capture, logged) keeps it eager.
 `DFLASH_ADAPTIVE_DEFER_APPEND=N` holds the q = 1 steps' appends (up to N tokens) and writes
 them in one call before anything reads or reuses those drafter slots (`sglang_adaptive_defer`).
+`DFLASH_ADAPTIVE_PLAIN_ATTENTION=1` gives the q = 1 state's target backend the attention of a
+plain decode step (`sglang_plain_attention`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from ..adaptive import ServerPolicy, StepClock
 from .sglang_adaptive import FLAG, NAME, PROBE_STEPS, SERVER_CONFIG, load_step_times
 from .sglang_adaptive_defer import DeferredAppend, capacity_from_env
 from .sglang_buckets import graphs_enabled
+from .sglang_plain_attention import enabled as plain_attention_enabled
+from .sglang_plain_attention import plain_step_backend
 from .sglang_tree_append import AppendStage, fused_workspaces
 from .sglang_tree_worker import _check_version
 
@@ -144,10 +148,12 @@ def draft_tokens_set_to(args_list, q: int):
             a.override(f"{NAME.lower()}.restore", speculative_num_draft_tokens=w)
 
 
-def build_runner_state(model_runner, q: int, graphs: bool) -> dict:
+def build_runner_state(model_runner, q: int, graphs: bool, plain_attention: bool = False
+                       ) -> dict:
     """A fresh attention backend for `model_runner` and, with graphs, its decode CUDA graphs
     of width q (call inside `draft_tokens_set_to`). The runner's capture tail hooks (DFLASH's
-    in-graph draft head, sized for W) are off while capturing."""
+    in-graph draft head, sized for W) are off while capturing. plain_attention: the backend
+    attends a one-token verify as a decode step (`sglang_plain_attention`), graphs included."""
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
     keep = model_runner.init_new_workspace
@@ -155,6 +161,8 @@ def build_runner_state(model_runner, q: int, graphs: bool) -> dict:
         backend = model_runner._get_attention_backend(init_new_workspace=True)
     finally:
         model_runner.init_new_workspace = keep
+    if plain_attention:
+        backend = plain_step_backend(backend)
     runner = None
     if graphs:
         hooks = list(model_runner.capture_tail_hooks)
@@ -217,7 +225,8 @@ def worker_class() -> type:
             target, draft = self.target_worker.model_runner, self._draft_mr
             with draft_tokens_set_to([self.server_args, target.server_args,
                                       draft.server_args], q):
-                st["target"] = build_runner_state(target, q, graphs)
+                st["target"] = build_runner_state(target, q, graphs, plain_attention=(
+                    q == 1 and plain_attention_enabled()))
                 # q = 1 runs no drafter: the drafter keeps W's backend and graphs
                 st["draft"] = (build_runner_state(draft, q, graphs) if q > 1 else
                                {a: getattr(draft, a) for a in RUNNER_ATTRS})
