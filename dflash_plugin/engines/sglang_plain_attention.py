@@ -27,6 +27,8 @@ import functools
 import logging
 import os
 
+from ..errors import env_flag
+
 logger = logging.getLogger(__name__)
 
 ENV = "DFLASH_ADAPTIVE_PLAIN_ATTENTION"
@@ -36,11 +38,8 @@ NEEDS = ("forward_decode", "forward_extend", "init_forward_metadata",
 
 
 def enabled(environ=os.environ) -> bool:
-    """`DFLASH_ADAPTIVE_PLAIN_ATTENTION`: 0 (default) or 1; a clear error otherwise."""
-    raw = environ.get(ENV, "0").strip() or "0"
-    if raw not in ("0", "1"):
-        raise ValueError(f"{ENV} must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    """`DFLASH_ADAPTIVE_PLAIN_ATTENTION`: 0 (default) or 1; a `ConfigError` otherwise."""
+    return env_flag(environ, ENV, "0", "q = 1 steps attend through FA3's decode path")
 
 
 def one_query_verify(forward_batch, metadata) -> bool:

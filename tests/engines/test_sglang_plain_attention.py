@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dflash_plugin.engines import sglang_plain_attention as pa
+from dflash_plugin.errors import ConfigError
 
 
 @dataclasses.dataclass
@@ -74,7 +75,7 @@ def batch(lens, verify=True, host=True):
 
 def test_env_flag():
     assert not pa.enabled({}) and not pa.enabled({pa.ENV: "0"}) and pa.enabled({pa.ENV: "1"})
-    with pytest.raises(ValueError, match=f"{pa.ENV} must be 0 or 1, got 'yes'"):
+    with pytest.raises(ConfigError, match=f"{pa.ENV}: must be 0 or 1 .*, got 'yes'"):
         pa.enabled({pa.ENV: "yes"})
 
 

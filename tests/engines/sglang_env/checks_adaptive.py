@@ -116,6 +116,18 @@ def test_launch_validation_reads_the_tune_report(tmp_path):
         _server_args("--speculative-adaptive-config", str(junk))
 
 
+@pytest.mark.parametrize("env,value,message", [
+    ("DFLASH_ADAPTIVE_PLAIN_ATTENTION", "yes", "DFLASH_ADAPTIVE_PLAIN_ATTENTION: must be 0 or 1"),
+    ("DFLASH_ADAPTIVE_DEFER_APPEND", "-1", "DFLASH_ADAPTIVE_DEFER_APPEND must be >= 0"),
+])
+def test_launch_validation_checks_the_workers_environment(monkeypatch, tune_json, env, value,
+                                                          message):
+    register()
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ValueError, match=message):  # ConfigError is a ValueError
+        _server_args("--speculative-adaptive-config", str(tune_json))
+
+
 # --- the worker against SGLang 0.5.16's source ----------------------------------------------
 
 @OLD_ONLY
