@@ -25,10 +25,10 @@ with the step's `[bs, q]` slots and commit lengths) replays one CUDA graph per (
 bucket), captured after `init_cuda_graphs` as DFLASH_TREE's append is (`sglang_tree_append`):
 eager, it was 0.36-0.89 ms of host time in every step on the H200 (2026-12-03 profile,
 BENCHMARKS.md). `DFLASH_TREE_GRAPHS=0` (or a failed capture, logged) keeps it eager.
-`DFLASH_ADAPTIVE_DEFER_APPEND=N` holds the q = 1 steps' appends (up to N tokens) and writes
-them in one call before anything reads or reuses those drafter slots (`sglang_adaptive_defer`).
-`DFLASH_ADAPTIVE_PLAIN_ATTENTION=1` gives the q = 1 state's target backend the attention of a
-plain decode step (`sglang_plain_attention`).
+The q = 1 steps' appends are held (`DFLASH_ADAPTIVE_DEFER_APPEND`, up to 1024 tokens by default)
+and written in one call before anything reads or reuses those drafter slots
+(`sglang_adaptive_defer`), and the q = 1 state's target backend attends as a plain decode step
+(`sglang_plain_attention`; `DFLASH_ADAPTIVE_PLAIN_ATTENTION=0` turns it off).
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ def test_what_does_not_fit_or_match_is_refused():
         DeferredAppend(0)
 
 
-@pytest.mark.parametrize("raw, want", [(None, 0), ("", 0), ("0", 0), ("1024", 1024)])
+@pytest.mark.parametrize("raw, want", [(None, 1024), ("", 1024), ("0", 0), ("1024", 1024),
+                                       ("64", 64)])
 def test_capacity_from_env(monkeypatch, raw, want):
     if raw is None:
         monkeypatch.delenv(ENV, raising=False)
