@@ -6,14 +6,15 @@ on the bundled pair (GPU only: SGLang runs DFLASH on CUDA only).
 Per mode one `sglang.Engine` in its own process (`run --mode M` writes `M.json`; `all` runs the
 modes in turn, an engine that fails is recorded and the next still runs): the cells of
 `dflash tune` (`sglang_tune.measure_engine`: an untimed pass at every concurrency, then per
-concurrency max(--waves x c, --min-requests) requests of 128 tokens, timed (default
-max(2c, 64), served again until the row has run --min-seconds, default 3: a 3 % goal needs
-windows of seconds; until 2026-12-03 max(2c, 16), windows of 0.3-3.5 s, then 0.4-2 s from 8
-requests on); tau = tokens / SGLang's
-`spec_verify_ct`), and the greedy outputs of the first 16 prompts (4 at a time) for token
-identity between modes. DFLASH_ADAPTIVE reads the step times of a `dflash tune --engine
-sglang` report (`--config`) and logs its steps per block length every 200 steps
-(DFLASH_ADAPTIVE_LOG_EVERY).
+concurrency max(--waves x c, --min-requests) requests of 128 tokens, timed (default max(2c, 64),
+served again until the row has run --min-seconds, default 3: a 3 % goal needs windows of
+seconds; until 2026-12-03 max(2c, 16), windows of 0.3-3.5 s, then 0.4-2 s from 8 requests on);
+tau = tokens / SGLang's `spec_verify_ct`; `--repeats R`: all rows R times in turn on the same
+server, the median row reported with the range: one 4-second window per row moved a ratio by 3-4
+points between two runs in 2026-12-06's 8B rows), and the greedy outputs of the first 16 prompts
+(4 at a time) for token identity between modes. DFLASH_ADAPTIVE reads the step times of a
+`dflash tune --engine sglang` report (`--config`) and logs its steps per block length every 200
+steps (DFLASH_ADAPTIVE_LOG_EVERY).
 
     O=benchmarks/results/gpu-adaptive-sglang
     python benchmarks/gpu_adaptive_sglang.py all --out $O \
@@ -109,20 +110,35 @@ def run_mode(args, mode: str) -> dict:
             rows = profile_mode(engine, ids, args.concurrency, args.requests_per_slot,
                                 args.max_new_tokens)
             return {"mode": mode, "start_s": started, "rows": rows, "config": str(args.config)}
-        cells = measure_engine(engine, LABEL_K[mode], ids, args.concurrency,
+        runs = [measure_engine(engine, LABEL_K[mode], ids, args.concurrency,
                                temperature=args.temperature,
                                max_new_tokens=args.max_new_tokens, waves=args.waves,
                                min_requests=args.min_requests, min_seconds=args.min_seconds,
                                warmup_tokens=8, log=lambda m: print(m, flush=True))
+                for _ in range(args.repeats)]
         outs = closed_loop(engine, ids[:16], args.max_new_tokens, 4)  # greedy: identity
         trace = [trace_phase(engine, ids, c, n, args.max_new_tokens)
                  for c, n in args.trace or []]
     finally:
         engine.shutdown()
     return {"mode": mode, "start_s": started, "temperature": args.temperature,
-            "cells": [asdict(c) for c in cells],
+            "cells": [asdict(c) for c in median_cells(runs)],
+            "repeats": [[c.tokens_per_s for c in r] for r in runs],  # [repeat][concurrency]
             "outputs": [o.token_ids for o in outs], "config": str(args.config),
             "trace": trace}
+
+
+def median_cells(runs: list[list]) -> list:
+    """Per concurrency the run's cell with the median tokens/s (the lower of two middles):
+    runs[r][i] is repeat r's cell of the i-th concurrency, every repeat in the same order."""
+    return [sorted(cells, key=lambda c: c.tokens_per_s)[(len(cells) - 1) // 2]
+            for cells in zip(*runs)]
+
+
+def spread(doc: dict, i: int) -> str:
+    """' (min-max)' of the i-th concurrency's tokens/s over a mode's repeats; '' for one run."""
+    got = [r[i] for r in doc.get("repeats", [])]
+    return f" ({min(got):.0f}-{max(got):.0f})" if len(got) > 1 else ""
 
 
 def identity(a: list[list[int]], b: list[list[int]]) -> dict:
@@ -137,14 +153,15 @@ def report(out: Path) -> None:
             if (out / f"{m}.json").is_file()}
     rows = {}
     for m, d in docs.items():
-        for c in d.get("cells", []):
-            rows.setdefault(c["concurrency"], {})[m] = c
+        for i, c in enumerate(d.get("cells", [])):
+            rows.setdefault(c["concurrency"], {})[m] = dict(c, spread=spread(d, i))
     print("| requests | " + " | ".join(f"{m} tok/s" for m in docs) + " | adaptive / max |")
     print("|---" * (len(docs) + 2) + "|")
     for c, r in sorted(rows.items()):
         best = max((r[m]["tokens_per_s"] for m in ("plain", "dflash") if m in r), default=0)
         ad = r.get("adaptive", {}).get("tokens_per_s")
-        cols = " | ".join(f"{r[m]['tokens_per_s']:.0f}" if m in r else "-" for m in docs)
+        cols = " | ".join(f"{r[m]['tokens_per_s']:.0f}{r[m]['spread']}" if m in r else "-"
+                          for m in docs)
         print(f"| {c} | {cols} | {ad / best:.3f} |" if ad and best else f"| {c} | {cols} | - |")
     for m in ("dflash", "adaptive", "adaptive-q1"):
         if "plain" in docs and m in docs:
@@ -182,6 +199,9 @@ def main() -> None:
     ap.add_argument("--min-seconds", type=float, default=3.0,
                     help="rows: those requests again until the row has run this long")
     ap.add_argument("--min-requests", type=int, default=64, help="rows: at least this many")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="rows: every concurrency's row this many times on the same server, "
+                         "all rows in turn; the median row is reported, with the range")
     ap.add_argument("--trace", type=lambda s: [tuple(int(v) for v in p.split("x"))
                                                for p in s.split(",")],
                     help="a moving load after the rows, on the same server: CxN phases "
@@ -189,6 +209,8 @@ def main() -> None:
     args = ap.parse_args()
     if not args.temperature >= 0:
         ap.error(f"--temperature must be >= 0, got {args.temperature}")
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.prompt_tokens is not None and args.prompt_tokens < 1:
         ap.error(f"--prompt-tokens must be >= 1, got {args.prompt_tokens}")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -6,21 +6,22 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-06 morning (that session ran adaptive-8b-defer, kernels-plain-8b,
-#   kernels-q1-8b, kernels-q1-defer-8b, adaptive-8b-short and adaptive twice on an H100:
-#   BENCHMARKS.md), most wanted first; every step reads
-#   benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the uploaded checkout.
-#   Issue 20 first (the plain-step attention, the batch-64 kernels, the fixture rows with the
-#   probe rule of a61cdb9), then issue 19's follow-ups:
-#   STEPS="adaptive-8b-plainattn kernels-q1-plainattn-8b kernels-q1-plainattn-8b-b64
-#   kernels-plain-8b-b64 kernels-q1-defer-8b-b64 adaptive kernels-tree-fa3-fast-8b
+# Owed as of 2026-12-06 afternoon (that session ran kernels-plain-8b-b64, kernels-q1-plainattn-8b,
+#   kernels-q1-plainattn-8b-b64, adaptive-8b-plainattn, kernels-q1-defer-8b-b64 and adaptive on an
+#   H100: BENCHMARKS.md "Plain-step attention through FA3's decode path"), most wanted first;
+#   every step reads benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the
+#   uploaded checkout. Issue 20 first (the fixture rows with both plain-step cuts on, their first
+#   with acceptance; the 8B rows repeated; where the 64-request row's time goes), then issue 19's:
+#   STEPS="adaptive-rep adaptive-8b-rep profile-8b-64 adaptive-t1 kernels-tree-fa3-fast-8b
 #   fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree sampling-plain2 fa3tree8-t1
-#   fa3tree16-t1 adaptive-8b adaptive-t1 adaptive-q1 lateseq-check engines-tree32-lateseq"
+#   fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
 #   replayed its random numbers). Times on a fresh H100 (2026-12-06): the first engine start
-#   compiles (adaptive-8b-defer 370 s in all), a warm round-cost 50-65 s, adaptive 235-255 s,
-#   adaptive-8b-short 295 s; one 30-minute session (about 22 min left for steps after staging)
-#   fits the first six steps above.
+#   compiles (about 3 min more), a warm round-cost 50-120 s, adaptive 235-370 s, an 8B
+#   `adaptive-8b*` 300-390 s; one 30-minute session (about 24 min left for steps after staging)
+#   fits the first three steps above. The fixtures must be real files or links in
+#   examples/fixtures (a checkout sent without them holds an empty code-target folder: remove it
+#   and link /tmp/gpu/files/examples/fixtures/* there).
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -203,19 +204,22 @@ done
 #     take plain steps and probe q = 16 now and then) beside plain SGLang: within 3 % of plain?
 #     (2026-12-03, before StepClock: 0.93 / 0.93 / 0.79 / 0.36x plain; 2026-12-04 with it:
 #     0.958 / 0.950 / 0.965 / 0.533x, at 64 one bad plain sample: `cap_plain` since, re-run)
-step adaptive-8b 600 python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b \
+#     (both plain-step cuts of 2026-12-06 off, as then; they are on by default since)
+step adaptive-8b 600 env DFLASH_ADAPTIVE_DEFER_APPEND=0 DFLASH_ADAPTIVE_PLAIN_ATTENTION=0 python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b \
     --modes plain,adaptive --concurrency 1,4,16,64 --out "$R/gpu-adaptive-sglang-8b" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 # 1b. the same with the q = 1 steps' drafter-context appends held and written together
 #     (DFLASH_ADAPTIVE_DEFER_APPEND, never run on a GPU); compare with adaptive-8b's rows
-step adaptive-8b-defer 600 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 python3 \
+step adaptive-8b-defer 600 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 DFLASH_ADAPTIVE_PLAIN_ATTENTION=0 \
+    python3 \
     benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b --modes plain,adaptive \
     --concurrency 1,4,16,64 --out "$R/gpu-adaptive-sglang-8b-defer" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 # 1c. the same with every prompt cut to its last 16 tokens: the rows are then decode steps
 #     (the dev prompts average 362 tokens, so at 64 requests about half of a row is prefill);
 #     if 1b misses 0.97 and 1c does not, the gap is in the prefill, else in the decode steps
-step adaptive-8b-short 600 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 python3 \
+step adaptive-8b-short 600 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 DFLASH_ADAPTIVE_PLAIN_ATTENTION=0 \
+    python3 \
     benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b --modes plain,adaptive \
     --concurrency 1,4,16,64 --prompt-tokens 16 --out "$R/gpu-adaptive-sglang-8b-short" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
@@ -226,10 +230,11 @@ step adaptive-8b-short 600 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 python3 \
 step kernels-plain-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang \
     --mode plain --no-prefill-graphs --shape qwen3-8b --kernel-trace /tmp/traces/plain \
     --out "$E/kernels-sglang-plain-8b.json"
-step kernels-q1-8b 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang \
+step kernels-q1-8b 400 env DFLASH_ADAPTIVE_DEFER_APPEND=0 DFLASH_ADAPTIVE_PLAIN_ATTENTION=0 python3 benchmarks/gpu_engines.py round-cost --engine sglang \
     --mode adaptive-q1 --no-prefill-graphs --shape qwen3-8b --kernel-trace /tmp/traces/q1 \
     --out "$E/kernels-sglang-q1-8b.json"
-step kernels-q1-defer-8b 400 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 python3 \
+step kernels-q1-defer-8b 400 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 DFLASH_ADAPTIVE_PLAIN_ATTENTION=0 \
+    python3 \
     benchmarks/gpu_engines.py round-cost --engine sglang --mode adaptive-q1 --no-prefill-graphs \
     --shape qwen3-8b --kernel-trace /tmp/traces/q1-defer --out "$E/kernels-sglang-q1-defer-8b.json"
 # 1e. the same at 64 requests (64 copies of a 128-token prompt decoding together: one prefill
@@ -239,7 +244,8 @@ step kernels-q1-defer-8b 400 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 python3 \
 step kernels-plain-8b-b64 400 python3 benchmarks/gpu_engines.py round-cost --engine sglang \
     --mode plain --no-prefill-graphs --shape qwen3-8b --batch 64 --prompt-tokens 128 \
     --kernel-trace /tmp/traces/plain-b64 --out "$E/kernels-sglang-plain-8b-b64.json"
-step kernels-q1-defer-8b-b64 400 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 python3 \
+step kernels-q1-defer-8b-b64 400 env DFLASH_ADAPTIVE_DEFER_APPEND=1024 DFLASH_ADAPTIVE_PLAIN_ATTENTION=0 \
+    python3 \
     benchmarks/gpu_engines.py round-cost --engine sglang --mode adaptive-q1 --no-prefill-graphs \
     --shape qwen3-8b --batch 64 --prompt-tokens 128 --kernel-trace /tmp/traces/q1-defer-b64 \
     --out "$E/kernels-sglang-q1-defer-8b-b64.json"
@@ -259,6 +265,18 @@ step adaptive-8b-plainattn 600 $P python3 benchmarks/gpu_adaptive_sglang.py all 
     --shape qwen3-8b --modes plain,adaptive --concurrency 1,4,16,64 \
     --out "$R/gpu-adaptive-sglang-8b-plainattn" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
+# 1g. (2026-12-06 afternoon) both cuts on by default now. 1f ran: the q = 1 step's kernels equal
+#     plain's (7,545 / 7,539 us at 64 requests), yet the rows were 0.985 / 0.984 / 0.938 / 0.964x
+#     plain with one 4-second window each (16 requests: 0.975 that morning). The same rows three
+#     times each on one server (median, range), then where the 64-request row's time goes
+#     (the stack sampler on plain and adaptive, `breakdown`)
+step adaptive-8b-rep 600 python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b \
+    --modes plain,adaptive --concurrency 4,16,64 --repeats 3 --out "$R/gpu-adaptive-sglang-8b-rep" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
+step profile-8b-64 600 python3 benchmarks/gpu_adaptive_sglang.py profile --shape qwen3-8b \
+    --modes plain,adaptive --concurrency 16,64 --requests-per-slot 8 \
+    --out "$R/gpu-adaptive-sglang-8b-profile" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
 # 2. issue 20 in SGLang: one engine per k, the best k per concurrency
 step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
     --target examples/fixtures/code-target --draft examples/fixtures/code-target-dflash-b16 \
@@ -271,6 +289,11 @@ step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
 step adaptive 900 python3 benchmarks/gpu_adaptive_sglang.py all --out "$R/gpu-adaptive-sglang" \
     --config benchmarks/results/gpu-engines/tune-sglang.json \
     --trace 1x16,64x512,4x64,32x256,1x16
+# 2b+. the same with every row three times (median, range): the first fixture rows with the
+#      plain-step cuts on (default since 2026-12-06 afternoon), i.e. their first with acceptance
+#      (no moving load: with it the step would pass the device's 10 minutes per call)
+step adaptive-rep 900 python3 benchmarks/gpu_adaptive_sglang.py all --repeats 3 \
+    --out "$R/gpu-adaptive-sglang-rep" --config benchmarks/results/gpu-engines/tune-sglang.json
 # 2b'. the same three servers timed at T = 1 (never run: DFLASH's sampled verify with q = 1 is
 #     new ground for the worker), fixture, dev prompts
 step adaptive-t1 900 python3 benchmarks/gpu_adaptive_sglang.py all --temperature 1 \
