@@ -3,30 +3,20 @@ SGLang's keyword arguments as our DFLASH_ADAPTIVE with a copy of the tune report
 its plain (k = 0) cells, so every decode step is the worker's q = 1 step; vLLM refuses it before
 any engine starts (neither engine is imported; none is mocked)."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "benchmarks"
+from tests.bench_script import BENCH, bench_script
+
 REPORT = BENCH / "results" / "gpu-engines" / "tune-sglang.json"
 
 
 @pytest.fixture(scope="module")
 def engines():
-    saved = list(sys.path)
-    sys.path.insert(0, str(BENCH))  # the script imports `bench` as `python benchmarks/X.py` does
-    try:
-        spec = importlib.util.spec_from_file_location("_bench_q1_gpu_engines",
-                                                      BENCH / "gpu_engines.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+    with bench_script("gpu_engines") as mod:
         yield mod
-    finally:
-        sys.path[:] = saved  # gpu_engines' checkout_first reorders sys.path
 
 
 def test_adaptive_q1_reaches_sglang_as_dflash_adaptive_with_plain_cells_only(engines):

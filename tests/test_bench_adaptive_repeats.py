@@ -1,30 +1,19 @@
 """`benchmarks/gpu_adaptive_sglang.py --repeats R` without an engine: the median row of R runs
 per concurrency, the range beside it in the report, and a bad R refused before any engine."""
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "benchmarks"
+from tests.bench_script import BENCH, bench_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    saved = list(sys.path)
-    sys.path.insert(0, str(BENCH))  # the script imports `bench` as `python benchmarks/X.py` does
-    try:
-        spec = importlib.util.spec_from_file_location("_bench_adaptive_sglang",
-                                                      BENCH / "gpu_adaptive_sglang.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+    with bench_script("gpu_adaptive_sglang") as mod:
         yield mod
-    finally:
-        sys.path[:] = saved
 
 
 def test_median_cells_pick_each_concurrency_s_middle_run(script):
