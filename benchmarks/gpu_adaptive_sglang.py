@@ -88,6 +88,8 @@ def start(args, mode: str):
         extra.update(speculative_algorithm="DFLASH_ADAPTIVE",
                      speculative_draft_model_path=str(args.draft),
                      speculative_adaptive_config=str(config), log_level="warning")
+    if args.log_level:  # info: SGLang's "Decode batch" lines (cuda graph used, gen throughput)
+        extra.update(log_level=args.log_level)
     return start_engine(str(args.target), str(args.draft), 15 if mode == "dflash" else 0,
                         max_running_requests=max(args.concurrency), dtype=args.dtype,
                         extra=extra)
@@ -199,6 +201,10 @@ def main() -> None:
     ap.add_argument("--min-seconds", type=float, default=3.0,
                     help="rows: those requests again until the row has run this long")
     ap.add_argument("--min-requests", type=int, default=64, help="rows: at least this many")
+    ap.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                    help="every engine's SGLang log level (default: warning for DFLASH_ADAPTIVE, "
+                         "SGLang's own otherwise); info adds SGLang's decode-batch lines every "
+                         "40 steps, alike in every mode")
     ap.add_argument("--repeats", type=int, default=1,
                     help="rows: every concurrency's row this many times on the same server, "
                          "all rows in turn; the median row is reported, with the range")

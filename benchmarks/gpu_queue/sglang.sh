@@ -268,10 +268,12 @@ step adaptive-8b-plainattn 600 $P python3 benchmarks/gpu_adaptive_sglang.py all 
 # 1g. (2026-12-06 afternoon) both cuts on by default now. 1f ran: the q = 1 step's kernels equal
 #     plain's (7,545 / 7,539 us at 64 requests), yet the rows were 0.985 / 0.984 / 0.938 / 0.964x
 #     plain with one 4-second window each (16 requests: 0.975 that morning). The same rows three
-#     times each on one server (median, range), then where the 64-request row's time goes
+#     times each on one server (median, range; SGLang's "Decode batch" lines in both logs: decode
+#     throughput and CUDA-graph use per 40 steps), then where the 64-request row's time goes
 #     (the stack sampler on plain and adaptive, `breakdown`)
 step adaptive-8b-rep 600 python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b \
-    --modes plain,adaptive --concurrency 4,16,64 --repeats 3 --out "$R/gpu-adaptive-sglang-8b-rep" \
+    --modes plain,adaptive --concurrency 4,16,64 --repeats 3 --log-level info \
+    --out "$R/gpu-adaptive-sglang-8b-rep" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 step profile-8b-64 600 python3 benchmarks/gpu_adaptive_sglang.py profile --shape qwen3-8b \
     --modes plain,adaptive --concurrency 16,64 --requests-per-slot 8 \
