@@ -19,7 +19,9 @@
 #   replayed its random numbers). Times on a fresh H100 (2026-12-06): the first engine start
 #   compiles (about 3 min more), a warm round-cost 50-120 s, adaptive 235-370 s, an 8B
 #   `adaptive-8b*` 300-390 s; one 30-minute session (about 24 min left for steps after staging)
-#   fits the first three steps above. The fixtures must be real files or links in
+#   fits the first three steps above, one device call each (10 minutes per call): estimated
+#   adaptive-8b-rep 410 s (first, with the install and the first start's compile), adaptive-rep
+#   400-490 s, profile-8b-64 300 s. The fixtures must be real files or links in
 #   examples/fixtures (a checkout sent without them holds an empty code-target folder: remove it
 #   and link /tmp/gpu/files/examples/fixtures/* there).
 set -u
