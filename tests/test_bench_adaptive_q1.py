@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_script import BENCH, bench_script
+from tests.bench_script import BENCH, load, on_bench_path
 
 REPORT = BENCH / "results" / "gpu-engines" / "tune-sglang.json"
 
 
 @pytest.fixture(scope="module")
 def engines():
-    with bench_script("gpu_engines") as mod:
-        yield mod
+    with on_bench_path():
+        yield load("gpu_engines")
 
 
 def test_adaptive_q1_reaches_sglang_as_dflash_adaptive_with_plain_cells_only(engines):

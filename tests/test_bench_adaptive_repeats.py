@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from tests.bench_script import BENCH, bench_script
+from tests.bench_script import BENCH, load, on_bench_path
 
 
 @pytest.fixture(scope="module")
 def script():
-    with bench_script("gpu_adaptive_sglang") as mod:
-        yield mod
+    with on_bench_path():
+        yield load("gpu_adaptive_sglang")
 
 
 def test_median_cells_pick_each_concurrency_s_middle_run(script):

@@ -6,31 +6,15 @@ identity helper of the reports counts identical prompts per concurrency and refu
 other configurations.
 """
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "benchmarks"
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_bench_tp_{name}", BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.bench_script import load, on_bench_path
 
 
 @pytest.fixture(scope="module")
 def scripts():
-    saved = list(sys.path)
-    sys.path.insert(0, str(BENCH))  # the scripts import `bench` as `python benchmarks/X.py` does
-    try:
-        yield _script("gpu_engines"), _script("gpu_dllm")
-    finally:
-        sys.path[:] = saved  # gpu_engines' checkout_first reorders sys.path
+    with on_bench_path():  # the scripts import `bench` as `python benchmarks/X.py` does
+        yield load("gpu_engines"), load("gpu_dllm")
 
 
 def test_engines_tp_reaches_vllm_and_sglang_kwargs(scripts):

@@ -5,21 +5,17 @@ the shorter of two outputs; `gpu_engines.py --mode tree` (SGLang's keywords, ref
 and its report with several budgets beside DFlash, in the serving and the round-cost tables.
 """
 
-import importlib.util
 import json
 
 import pytest
 
-from tests.test_bench_tp import BENCH, scripts  # noqa: F401  (fixture: gpu_engines, gpu_dllm)
+from tests.bench_script import load
+from tests.test_bench_tp import scripts  # noqa: F401  (fixture: gpu_engines, gpu_dllm)
 
 
 @pytest.fixture(scope="module")
 def bench(scripts):  # noqa: F811  (scripts: benchmarks/ on sys.path, as `python benchmarks/X.py`)
-    path = BENCH / "gpu_tree_sglang.py"
-    spec = importlib.util.spec_from_file_location("_bench_tree_sglang", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("gpu_tree_sglang")
 
 
 @pytest.mark.parametrize("text", ["plain", "dflash", "tree1", "tree15", "tree256"])

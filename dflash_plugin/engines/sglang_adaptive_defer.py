@@ -34,7 +34,7 @@ DEFAULT = 1024
 
 def capacity_from_env() -> int:
     """Tokens the buffer holds (0: every step appends at once, DFLASH's way)."""
-    raw = os.environ.get(ENV, str(DEFAULT)).strip() or str(DEFAULT)
+    raw = os.environ.get(ENV, "").strip() or str(DEFAULT)
     try:
         n = int(raw)
     except ValueError:
