@@ -27,8 +27,8 @@ eager, it was 0.36-0.89 ms of host time in every step on the H200 (2026-12-03 pr
 BENCHMARKS.md). `DFLASH_TREE_GRAPHS=0` (or a failed capture, logged) keeps it eager.
 The q = 1 steps' appends are held (`DFLASH_ADAPTIVE_DEFER_APPEND`, up to 1024 tokens by default)
 and written in one call before anything reads or reuses those drafter slots
-(`sglang_adaptive_defer`), and the q = 1 state's target backend attends as a plain decode step
-(`sglang_plain_attention`; `DFLASH_ADAPTIVE_PLAIN_ATTENTION=0` turns it off).
+(`sglang_adaptive_defer`), and, with `DFLASH_ADAPTIVE_PLAIN_ATTENTION=1` (off by default), the q = 1 state's target
+backend attends as a plain decode step (`sglang_plain_attention`).
 """
 
 from __future__ import annotations

@@ -17,10 +17,15 @@ verify's cache lengths (prefix + 1), page table and single query per request are
 step's, so the step attends as plain decoding does. Anything else (prefills, wider verifies)
 goes to SGLang's code unchanged; backends other than FA3 without MLA are left as they are.
 
-On by default since 2026-12-06 (`DFLASH_ADAPTIVE_PLAIN_ATTENTION=0` turns it off): on an H100 at
-the Qwen3-8B shape and 64 requests the q = 1 step took 7,545 us of GPU time against SGLang's
-plain step's 7,539 (8.00 ms of wall time before, 7.80 after, plain 7.78), with outputs equal to
-plain's (BENCHMARKS.md).
+Off by default (`DFLASH_ADAPTIVE_PLAIN_ATTENTION=1` turns it on). It was on from the
+afternoon of 2026-12-06: on an H100 at the Qwen3-8B shape and 64 requests the q = 1 step took
+7,545 us of GPU time against SGLang's plain step's 7,539 (8.00 ms of wall time before, 7.80
+after, plain 7.78), outputs equal to plain's. The first fixture rows with it on and drafts
+accepted (H100, that evening) ran the policy's q = 16 steps slower in every server with it on
+(median 3.2-4.5 ms at 16 requests, 5.4-6.0 at 64) than in both servers with it off (2.9-3.0,
+3.8-4.8), and their rows 5-15 % below the off server's at 16 and 64 requests. How a backend
+that only q = 1 steps use slows the q = 16 steps is not found, and five servers do not rule
+out chance, so it stays off until it is (BENCHMARKS.md).
 SGLang is not imported here: the subclass is made from the backend's own class.
 """
 
@@ -41,8 +46,8 @@ NEEDS = ("forward_decode", "forward_extend", "init_forward_metadata",
 
 
 def enabled(environ=os.environ) -> bool:
-    """`DFLASH_ADAPTIVE_PLAIN_ATTENTION`: 1 (default) or 0; a `ConfigError` otherwise."""
-    return env_flag(environ, ENV, "1", "q = 1 steps attend through FA3's decode path")
+    """`DFLASH_ADAPTIVE_PLAIN_ATTENTION`: 0 (default) or 1; a `ConfigError` otherwise."""
+    return env_flag(environ, ENV, "0", "q = 1 steps attend through FA3's decode path")
 
 
 def one_query_verify(forward_batch, metadata) -> bool:

@@ -73,8 +73,8 @@ def batch(lens, verify=True, host=True):
                            seq_lens_cpu=lens + 1 if host else None)  # DFLASH's host bound
 
 
-def test_env_flag_is_on_by_default():
-    assert pa.enabled({}) and pa.enabled({pa.ENV: "1"}) and not pa.enabled({pa.ENV: "0"})
+def test_env_flag_is_off_by_default():
+    assert not pa.enabled({}) and pa.enabled({pa.ENV: "1"}) and not pa.enabled({pa.ENV: "0"})
     with pytest.raises(ConfigError, match=f"{pa.ENV}: must be 0 or 1 .*, got 'yes'"):
         pa.enabled({pa.ENV: "yes"})
 
