@@ -6,22 +6,24 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-06 afternoon (that session ran kernels-plain-8b-b64, kernels-q1-plainattn-8b,
-#   kernels-q1-plainattn-8b-b64, adaptive-8b-plainattn, kernels-q1-defer-8b-b64 and adaptive on an
-#   H100: BENCHMARKS.md "Plain-step attention through FA3's decode path"), most wanted first;
-#   every step reads benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the
-#   uploaded checkout. Issue 20 first (the fixture rows with both plain-step cuts on, their first
-#   with acceptance; the 8B rows repeated; where the 64-request row's time goes), then issue 19's:
-#   STEPS="adaptive-rep adaptive-8b-rep profile-8b-64 adaptive-t1 kernels-tree-fa3-fast-8b
+# Owed as of 2026-12-06 evening (that session ran adaptive-8b-rep and adaptive-rep, then the
+#   plain-step attention on and off by hand, on an H100: BENCHMARKS.md "Repeated rows, and the
+#   plain-step attention with drafts accepted"), most wanted first; every step reads
+#   benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the uploaded checkout.
+#   Issue 20 first (is the plain-step attention what slowed the fixture's q = 16 steps, and
+#   how: allocator retries and free memory are in the policy's log line since then; where the
+#   8B 64-request row's 2.5 % outside the decode steps goes), then issue 19's:
+#   STEPS="plainattn-ab profile-8b-64 adaptive-rep adaptive-t1 kernels-tree-fa3-fast-8b
 #   fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree sampling-plain2 fa3tree8-t1
 #   fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
 #   replayed its random numbers). Times on a fresh H100 (2026-12-06): the first engine start
 #   compiles (about 3 min more), a warm round-cost 50-120 s, adaptive 235-370 s, an 8B
-#   `adaptive-8b*` 300-390 s; one 30-minute session (about 24 min left for steps after staging)
-#   fits the first three steps above, one device call each (10 minutes per call): estimated
-#   adaptive-8b-rep 410 s (first, with the install and the first start's compile), adaptive-rep
-#   400-490 s, profile-8b-64 300 s. The fixtures must be real files or links in
+#   `adaptive-8b*` 300-390 s, adaptive-8b-rep 421 s with the install and the first compile,
+#   adaptive-rep 485 s, one fixture adaptive server with 3 x 3 rows about 105 s; one 30-minute
+#   session (about 24 min left for steps after staging) fits plainattn-ab (about 350 s, first:
+#   add the first compile), profile-8b-64 (about 300 s) and adaptive-rep (485 s), one device
+#   call each (10 minutes per call). The fixtures must be real files or links in
 #   examples/fixtures (a checkout sent without them holds an empty code-target folder: remove it
 #   and link /tmp/gpu/files/examples/fixtures/* there).
 set -u
@@ -277,6 +279,17 @@ step adaptive-8b-rep 600 python3 benchmarks/gpu_adaptive_sglang.py all --shape q
     --modes plain,adaptive --concurrency 4,16,64 --repeats 3 --log-level info \
     --out "$R/gpu-adaptive-sglang-8b-rep" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
+# 1h. (2026-12-06 evening) the fixture with drafts accepted ran q = 16 steps slower in every
+#     server with DFLASH_ADAPTIVE_PLAIN_ATTENTION=1 (4 servers) than in both without (2), though
+#     only q = 1 steps use its backend; off by default since. Four adaptive servers in turn,
+#     on / off / on / off (held appends on in all), at 16 and 64 requests, 3 times each, SGLang's
+#     info log (its decode lines, our start-up line and the policy's line every 200 steps with
+#     the allocator's retries and free memory): a cause, or chance
+step plainattn-ab 600 bash -c 'for p in 1 0 1 0; do n=$((n + 1)); \
+    DFLASH_ADAPTIVE_PLAIN_ATTENTION=$p python3 benchmarks/gpu_adaptive_sglang.py all \
+    --modes adaptive --concurrency 16,64 --repeats 3 --log-level info \
+    --out "$0/gpu-adaptive-sglang-plainattn-ab/$n-pa$p" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json; done' "$R"
 step profile-8b-64 600 python3 benchmarks/gpu_adaptive_sglang.py profile --shape qwen3-8b \
     --modes plain,adaptive --concurrency 16,64 --requests-per-slot 8 \
     --out "$R/gpu-adaptive-sglang-8b-profile" \
@@ -293,9 +306,10 @@ step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
 step adaptive 900 python3 benchmarks/gpu_adaptive_sglang.py all --out "$R/gpu-adaptive-sglang" \
     --config benchmarks/results/gpu-engines/tune-sglang.json \
     --trace 1x16,64x512,4x64,32x256,1x16
-# 2b+. the same with every row three times (median, range): the first fixture rows with the
-#      plain-step cuts on (default since 2026-12-06 afternoon), i.e. their first with acceptance
-#      (no moving load: with it the step would pass the device's 10 minutes per call)
+# 2b+. the same with every row three times (median, range), the defaults of the day (ran
+#      2026-12-06 evening with both plain-step cuts on: lossless, 0.68-0.84x max at 8-64; due
+#      again with the plain-step attention off, its default since) (no moving load: with it the
+#      step would pass the device's 10 minutes per call)
 step adaptive-rep 900 python3 benchmarks/gpu_adaptive_sglang.py all --repeats 3 \
     --out "$R/gpu-adaptive-sglang-rep" --config benchmarks/results/gpu-engines/tune-sglang.json
 # 2b'. the same three servers timed at T = 1 (never run: DFLASH's sampled verify with q = 1 is

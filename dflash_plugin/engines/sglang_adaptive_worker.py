@@ -27,8 +27,8 @@ eager, it was 0.36-0.89 ms of host time in every step on the H200 (2026-12-03 pr
 BENCHMARKS.md). `DFLASH_TREE_GRAPHS=0` (or a failed capture, logged) keeps it eager.
 The q = 1 steps' appends are held (`DFLASH_ADAPTIVE_DEFER_APPEND`, up to 1024 tokens by default)
 and written in one call before anything reads or reuses those drafter slots
-(`sglang_adaptive_defer`), and, with `DFLASH_ADAPTIVE_PLAIN_ATTENTION=1` (off by default), the q = 1 state's target
-backend attends as a plain decode step (`sglang_plain_attention`).
+(`sglang_adaptive_defer`), and with `DFLASH_ADAPTIVE_PLAIN_ATTENTION=1` (off by default) the
+q = 1 state's target backend attends as a plain decode step (`sglang_plain_attention`).
 """
 
 from __future__ import annotations
@@ -148,6 +148,18 @@ def draft_tokens_set_to(args_list, q: int):
             a.override(f"{NAME.lower()}.restore", speculative_num_draft_tokens=w)
 
 
+def memory_note() -> str:
+    """The caching allocator's retries so far (each frees cached blocks and synchronizes the
+    device: a server short of memory slows every step) and the device's free memory."""
+    if not torch.cuda.is_available():
+        return "memory: no CUDA device"
+    stats = torch.cuda.memory_stats()
+    free, total = torch.cuda.mem_get_info()
+    return (f"memory: allocator retries {stats.get('num_alloc_retries', 0)}, reserved "
+            f"{stats.get('reserved_bytes.all.current', 0) / 2**30:.2f} GiB, free "
+            f"{free / 2**30:.2f} of {total / 2**30:.1f} GiB")
+
+
 def build_runner_state(model_runner, q: int, graphs: bool, plain_attention: bool = False
                        ) -> dict:
     """A fresh attention backend for `model_runner` and, with graphs, its decode CUDA graphs
@@ -245,10 +257,10 @@ def worker_class() -> type:
             for q in self.policy.blocks():
                 if q not in self._states:
                     self._states[q] = self._build_state(q, graphs)
-            logger.info("%s: runtime states for block lengths %s (graphs %s); step times "
-                        "for batch sizes %s", NAME, sorted(self._states), graphs,
-                        sorted(self.policy.policies))
             self._capture_appends(graphs and graphs_enabled())
+            logger.info("%s: runtime states for block lengths %s (graphs %s); step times "
+                        "for batch sizes %s; %s", NAME, sorted(self._states), graphs,
+                        sorted(self.policy.policies), memory_note())
 
         def _capture_appends(self, graphs: bool) -> None:
             """One `AppendStage` per q, every batch bucket up to the running-request limit
@@ -331,10 +343,11 @@ def worker_class() -> type:
             n = sum(self._steps.values())
             if self._log_every and n % self._log_every == 0:  # warning: SGLang's level shows it
                 logger.warning("%s: %d decode steps per block length %s; step ms now %s; "
-                               "survival %s", NAME, n, dict(sorted(self._steps.items())),
+                               "survival %s; %s", NAME, n, dict(sorted(self._steps.items())),
                                {c: {k: round(v, 2) for k, v in r.items()}
                                 for c, r in self.policy.times().items()},
-                               [round(v, 2) for v in self.policy.survival.values()[:8]])
+                               [round(v, 2) for v in self.policy.survival.values()[:8]],
+                               memory_note())
             model, skip = self.target_worker.model_runner.model, contextlib.nullcontext()
             if q == 1 and self._no_noise is None:  # a table without `weight`: DFLASH's own
                 embed = model.get_input_embeddings()

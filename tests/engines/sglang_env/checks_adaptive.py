@@ -243,6 +243,21 @@ def test_switching_states_swaps_worker_and_runner_attributes():
     assert seen == [(1, 16, [3]), (1, 1, [0])]
 
 
+def test_memory_note_reads_the_allocator(monkeypatch):
+    """The periodic DFLASH_ADAPTIVE line's memory part: allocator retries, reserved and free
+    memory (a stand-in `torch.cuda` on this CPU machine), and what it says without a GPU."""
+    from dflash_plugin.engines import sglang_adaptive_worker as w
+
+    monkeypatch.setattr(w.torch.cuda, "is_available", lambda: False)
+    assert w.memory_note() == "memory: no CUDA device"
+    monkeypatch.setattr(w.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(w.torch.cuda, "memory_stats", lambda: {
+        "num_alloc_retries": 3, "reserved_bytes.all.current": 3 * 2**29})
+    monkeypatch.setattr(w.torch.cuda, "mem_get_info", lambda: (2**30, 80 * 2**30))
+    assert w.memory_note() == ("memory: allocator retries 3, reserved 1.50 GiB, free 1.00 of "
+                               "80.0 GiB")
+
+
 @OLD_ONLY
 def test_decode_append_goes_through_q_graphs_and_the_rest_stays_dflash():
     """DFLASH's decode step hands its append dense `[bs, q]` slots and commit lengths (checked
