@@ -11,7 +11,11 @@ served again until the row has run --min-seconds, default 3: a 3 % goal needs wi
 seconds; until 2026-12-03 max(2c, 16), windows of 0.3-3.5 s, then 0.4-2 s from 8 requests on);
 tau = tokens / SGLang's `spec_verify_ct`; `--repeats R`: all rows R times in turn on the same
 server, the median row reported with the range: one 4-second window per row moved a ratio by 3-4
-points between two runs in 2026-12-06's 8B rows), and the greedy outputs of the first 16 prompts
+points between two runs in 2026-12-06's 8B rows; `--starts S` (with `all`): each mode's server
+started S times, the modes in turn (plain, dflash, adaptive, plain, ...), each start's rows in
+`start-N/M.json` and the median start per concurrency in `M.json`, the range over every run: the
+fixture's rows moved by up to 40 % from one server start to the next on an H100, DFLASH's own
+included, 2026-12-06), and the greedy outputs of the first 16 prompts
 (4 at a time) for token identity between modes. DFLASH_ADAPTIVE reads the step times of a
 `dflash tune --engine sglang` report (`--config`) and logs its steps per block length every 200
 steps (DFLASH_ADAPTIVE_LOG_EVERY).
@@ -130,11 +134,32 @@ def run_mode(args, mode: str) -> dict:
             "trace": trace}
 
 
-def median_cells(runs: list[list]) -> list:
+def median_cells(runs: list[list], tps=lambda c: c.tokens_per_s) -> list:
     """Per concurrency the run's cell with the median tokens/s (the lower of two middles):
-    runs[r][i] is repeat r's cell of the i-th concurrency, every repeat in the same order."""
-    return [sorted(cells, key=lambda c: c.tokens_per_s)[(len(cells) - 1) // 2]
-            for cells in zip(*runs)]
+    runs[r][i] is run r's cell of the i-th concurrency, every run in the same order; `tps`
+    reads a cell's tokens/s (a `Cell`, or its dict from a results file)."""
+    return [sorted(cells, key=tps)[(len(cells) - 1) // 2] for cells in zip(*runs)]
+
+
+def merge_starts(out: Path, modes: list[str], n: int) -> None:
+    """Each mode's `M.json` from its servers' `start-1..n/M.json`: per concurrency the median
+    start's row, every start's runs as `repeats` (the report's range spans them all), per start
+    its start-up time and rows (`starts`), whether their greedy outputs agree, and how many
+    starts failed (their `M.error` beside)."""
+    for m in modes:
+        docs = [json.loads(p.read_text()) for s in range(1, n + 1)
+                if (p := out / f"start-{s}" / f"{m}.json").is_file()]
+        if not docs:
+            continue
+        merged = dict(docs[0], cells=median_cells([d["cells"] for d in docs],
+                                                  lambda c: c["tokens_per_s"]))
+        merged.update(repeats=[r for d in docs for r in d["repeats"]],
+                      starts=[{"start_s": d["start_s"],
+                               "tokens_per_s": [c["tokens_per_s"] for c in d["cells"]]}
+                              for d in docs],
+                      outputs_agree=all(d["outputs"] == docs[0]["outputs"] for d in docs),
+                      starts_failed=n - len(docs))
+        (out / f"{m}.json").write_text(json.dumps(merged))
 
 
 def spread(doc: dict, i: int) -> str:
@@ -165,6 +190,10 @@ def report(out: Path) -> None:
         cols = " | ".join(f"{r[m]['tokens_per_s']:.0f}{r[m]['spread']}" if m in r else "-"
                           for m in docs)
         print(f"| {c} | {cols} | {ad / best:.3f} |" if ad and best else f"| {c} | {cols} | - |")
+    for m, d in docs.items():
+        if "starts" in d:
+            print(f"{m}: {len(d['starts'])} server starts ({d['starts_failed']} failed), "
+                  f"greedy outputs alike in all: {d['outputs_agree']}")
     for m in ("dflash", "adaptive", "adaptive-q1"):
         if "plain" in docs and m in docs:
             print(m, "vs plain:", identity(docs["plain"]["outputs"], docs[m]["outputs"]))
@@ -208,6 +237,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="rows: every concurrency's row this many times on the same server, "
                          "all rows in turn; the median row is reported, with the range")
+    ap.add_argument("--starts", type=int, default=1,
+                    help="all: each mode's server started this many times, the modes in turn; "
+                         "the median start's row is reported, with the range of every run")
     ap.add_argument("--trace", type=lambda s: [tuple(int(v) for v in p.split("x"))
                                                for p in s.split(",")],
                     help="a moving load after the rows, on the same server: CxN phases "
@@ -217,6 +249,10 @@ def main() -> None:
         ap.error(f"--temperature must be >= 0, got {args.temperature}")
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.starts < 1:
+        ap.error(f"--starts must be >= 1, got {args.starts}")
+    if args.starts > 1 and (args.cmd != "all" or args.trace):
+        ap.error("--starts > 1 needs `all` and no --trace (one moving load per mode)")
     if args.prompt_tokens is not None and args.prompt_tokens < 1:
         ap.error(f"--prompt-tokens must be >= 1, got {args.prompt_tokens}")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -240,8 +276,12 @@ def main() -> None:
         work = Path(tempfile.mkdtemp(prefix="adaptive-shape-"))  # ~2 GB of drafter
         target, draft = shaped_model_dirs(args.shape, args.target, work, draft_weights=True)
         keep += ["--target", str(target), "--draft", str(draft), "--load-format", "dummy"]
-    for m in args.modes.split(","):
-        cmd = [sys.executable, __file__, "run", "--mode", m] + keep
+    modes = args.modes.split(",")
+    for s, m in ((s, m) for s in range(1, args.starts + 1) for m in modes):
+        out = args.out / f"start-{s}" if args.starts > 1 else args.out
+        out.mkdir(exist_ok=True)
+        cmd = [sys.executable, __file__, "run", "--mode", m, *keep, "--out", str(out),
+               "--starts", "1"]  # the last of a repeated flag counts
         env = dict(os.environ, DFLASH_ADAPTIVE_LOG_EVERY=os.environ.get(
             "DFLASH_ADAPTIVE_LOG_EVERY", "200"))
         stacks = args.out / "stacks" / m
@@ -250,10 +290,12 @@ def main() -> None:
                 [str(ROOT / "benchmarks" / "stack_sampler"), env.get("PYTHONPATH", "")]))
         rc = subprocess.run(cmd, env=env).returncode
         if rc:
-            (args.out / f"{m}.error").write_text(f"exit {rc}\n")
+            (out / f"{m}.error").write_text(f"exit {rc}\n")
         if args.cmd == "profile" and stacks.is_dir():
             subprocess.run([sys.executable, str(ROOT / "benchmarks" / "stack_report.py"),
                             str(stacks), "--json", str(args.out / f"stacks-{m}.json")])
+    if args.starts > 1:
+        merge_starts(args.out, modes, args.starts)
     if args.cmd == "all":
         report(args.out)
     if args.cmd == "profile":

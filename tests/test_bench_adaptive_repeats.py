@@ -1,9 +1,11 @@
-"""`benchmarks/gpu_adaptive_sglang.py --repeats R` without an engine: the median row of R runs
-per concurrency, the range beside it in the report, and a bad R refused before any engine."""
+"""`benchmarks/gpu_adaptive_sglang.py --repeats R` and `--starts S` without an engine: the median
+row of R runs per concurrency, the range beside it in the report, S servers' results merged into
+the median start's rows, and a bad R or S refused before any engine."""
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +53,83 @@ def test_bad_repeats_is_refused_before_any_engine(tmp_path):
                           "--out", str(out), "--repeats", "0"], capture_output=True, text=True)
     assert got.returncode == 2 and "--repeats must be >= 1, got 0" in got.stderr
     assert not out.exists()
+
+
+def test_merge_starts_takes_the_median_start_and_every_run(script, tmp_path, capsys):
+    def doc(mode, repeats, outputs, start_s):
+        med = [sorted(r[i] for r in repeats)[(len(repeats) - 1) // 2] for i in range(2)]
+        return {"mode": mode, "start_s": start_s, "repeats": repeats, "outputs": outputs,
+                "cells": [{"k": 0, "concurrency": c, "tokens_per_s": t}
+                          for c, t in zip((16, 64), med)]}
+    runs = {1: ([[10000, 28000], [10400, 28500]], 30.0), 2: ([[12000, 20000]], 31.0),
+            3: ([[9000, 26000]], 29.0)}
+    for s, (reps, t) in runs.items():
+        (tmp_path / f"start-{s}").mkdir()
+        (tmp_path / f"start-{s}" / "dflash.json").write_text(
+            json.dumps(doc("dflash", reps, [[1, 2]], t)))
+    (tmp_path / "start-4").mkdir()
+    (tmp_path / "start-4" / "dflash.error").write_text("exit 1\n")
+    (tmp_path / "start-1" / "adaptive.json").write_text(
+        json.dumps(doc("adaptive", [[11000, 27000]], [[1, 2]], 40.0)))
+    (tmp_path / "start-2" / "adaptive.json").write_text(
+        json.dumps(doc("adaptive", [[11500, 26000]], [[1, 3]], 41.0)))
+    script.merge_starts(tmp_path, ["dflash", "adaptive", "plain"], 4)
+    d = json.loads((tmp_path / "dflash.json").read_text())
+    # per concurrency the median of the starts' rows (10000 / 12000 / 9000; 28000 / 20000 / 26000)
+    assert [c["tokens_per_s"] for c in d["cells"]] == [10000, 26000]
+    assert d["repeats"] == [[10000, 28000], [10400, 28500], [12000, 20000], [9000, 26000]]
+    assert [x["start_s"] for x in d["starts"]] == [30.0, 31.0, 29.0]
+    assert d["outputs_agree"] and d["starts_failed"] == 1
+    a = json.loads((tmp_path / "adaptive.json").read_text())
+    assert [c["tokens_per_s"] for c in a["cells"]] == [11000, 26000]  # lower of two middles
+    assert not a["outputs_agree"] and a["starts_failed"] == 2
+    assert not (tmp_path / "plain.json").exists()  # no start of it ran
+    script.report(tmp_path)
+    out = capsys.readouterr().out
+    assert "| 16 | 10000 (9000-12000) | 11000 (11000-11500) | 1.100 |" in out
+    assert "| 64 | 26000 (20000-28500) | 26000 (26000-27000) | 1.000 |" in out
+    assert "adaptive: 2 server starts (2 failed), greedy outputs alike in all: False" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["all", "--starts", "0"], "--starts must be >= 1, got 0"),
+    (["all", "--starts", "2", "--trace", "1x16"], "--starts > 1 needs `all` and no --trace"),
+    (["profile", "--starts", "2"], "--starts > 1 needs `all` and no --trace"),
+])
+def test_bad_starts_is_refused_before_any_engine(tmp_path, args, message):
+    out = tmp_path / "never-made"
+    got = subprocess.run([sys.executable, str(BENCH / "gpu_adaptive_sglang.py"), *args,
+                          "--out", str(out)], capture_output=True, text=True)
+    assert got.returncode == 2 and message in got.stderr
+    assert not out.exists()
+
+
+def test_all_with_starts_runs_the_modes_in_turn_into_start_folders(script, tmp_path,
+                                                                   monkeypatch, capsys):
+    """`all --starts 2`: plain, adaptive, plain, adaptive, each child told its `start-N`
+    folder and one start (a stand-in for the child: it writes the results file a real one
+    would), then the merged files and the report."""
+    calls = []
+
+    def last(cmd, flag):  # argparse keeps a repeated flag's last value
+        return cmd[len(cmd) - cmd[::-1].index(flag)]
+
+    def child(cmd, env):
+        mode, out = last(cmd, "--mode"), Path(last(cmd, "--out"))
+        assert last(cmd, "--starts") == "1" and cmd[2] == "run"
+        calls.append((mode, out.name))
+        tps = 100.0 * len(calls)
+        out.joinpath(f"{mode}.json").write_text(json.dumps({
+            "mode": mode, "start_s": 1.0, "repeats": [[tps]], "outputs": [[1]],
+            "cells": [{"k": 0, "concurrency": 4, "tokens_per_s": tps}]}))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(script.subprocess, "run", child)
+    monkeypatch.setattr(sys, "argv", ["gpu_adaptive_sglang.py", "all", "--out", str(tmp_path),
+                                      "--modes", "plain,adaptive", "--starts", "2",
+                                      "--concurrency", "4"])
+    script.main()
+    assert calls == [("plain", "start-1"), ("adaptive", "start-1"), ("plain", "start-2"),
+                     ("adaptive", "start-2")]
+    out = capsys.readouterr().out
+    assert "| 4 | 100 (100-300) | 200 (200-400) | 2.000 |" in out

@@ -13,8 +13,8 @@
 #   Issue 20 first (is the plain-step attention what slowed the fixture's q = 16 steps, and
 #   how: allocator retries and free memory are in the policy's log line since then; where the
 #   8B 64-request row's 2.5 % outside the decode steps goes), then issue 19's:
-#   STEPS="plainattn-ab profile-8b-64 adaptive-rep adaptive-t1 kernels-tree-fa3-fast-8b
-#   fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree sampling-plain2 fa3tree8-t1
+#   STEPS="plainattn-ab adaptive-starts profile-8b-64 adaptive-rep adaptive-t1
+#   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree sampling-plain2 fa3tree8-t1
 #   fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
 #   replayed its random numbers). Times on a fresh H100 (2026-12-06): the first engine start
@@ -22,8 +22,8 @@
 #   `adaptive-8b*` 300-390 s, adaptive-8b-rep 421 s with the install and the first compile,
 #   adaptive-rep 485 s, one fixture adaptive server with 3 x 3 rows about 105 s; one 30-minute
 #   session (about 24 min left for steps after staging) fits plainattn-ab (about 350 s, first:
-#   add the first compile), profile-8b-64 (about 300 s) and adaptive-rep (485 s), one device
-#   call each (10 minutes per call). The fixtures must be real files or links in
+#   add the first compile), adaptive-starts (about 480 s) and profile-8b-64 (about 300 s), one
+#   device call each (10 minutes per call). The fixtures must be real files or links in
 #   examples/fixtures (a checkout sent without them holds an empty code-target folder: remove it
 #   and link /tmp/gpu/files/examples/fixtures/* there).
 set -u
@@ -312,6 +312,12 @@ step adaptive 900 python3 benchmarks/gpu_adaptive_sglang.py all --out "$R/gpu-ad
 #      step would pass the device's 10 minutes per call)
 step adaptive-rep 900 python3 benchmarks/gpu_adaptive_sglang.py all --repeats 3 \
     --out "$R/gpu-adaptive-sglang-rep" --config benchmarks/results/gpu-engines/tune-sglang.json
+# 2b++. the same with each mode's server started twice, the modes in turn (`--starts 2`: the
+#       median start per row, the range over both): the fixture's rows moved by up to 40 % from
+#       one server start to the next (DFLASH at 64 requests 28,508 / 20,225 tok/s, 2026-12-06),
+#       more than the differences the goal is about (about 480 s)
+step adaptive-starts 600 python3 benchmarks/gpu_adaptive_sglang.py all --starts 2 \
+    --out "$R/gpu-adaptive-sglang-starts" --config benchmarks/results/gpu-engines/tune-sglang.json
 # 2b'. the same three servers timed at T = 1 (never run: DFLASH's sampled verify with q = 1 is
 #     new ground for the worker), fixture, dev prompts
 step adaptive-t1 900 python3 benchmarks/gpu_adaptive_sglang.py all --temperature 1 \
