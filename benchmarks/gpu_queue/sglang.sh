@@ -14,8 +14,8 @@
 #   how: allocator retries and free memory are in the policy's log line since then; where the
 #   8B 64-request row's 2.5 % outside the decode steps goes), then issue 19's:
 #   STEPS="plainattn-ab adaptive-starts profile-8b-64 adaptive-rep adaptive-t1
-#   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree sampling-plain2 fa3tree8-t1
-#   fa3tree16-t1 lateseq-check engines-tree32-lateseq"
+#   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree
+#   sampling-plain2 fa3tree8-t1 fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
 #   replayed its random numbers). Times on a fresh H100 (2026-12-06): the first engine start
 #   compiles (about 3 min more), a warm round-cost 50-120 s, adaptive 235-370 s, an 8B
