@@ -208,7 +208,7 @@ done
 #     take plain steps and probe q = 16 now and then) beside plain SGLang: within 3 % of plain?
 #     (2026-12-03, before StepClock: 0.93 / 0.93 / 0.79 / 0.36x plain; 2026-12-04 with it:
 #     0.958 / 0.950 / 0.965 / 0.533x, at 64 one bad plain sample: `cap_plain` since, re-run)
-#     (both plain-step cuts of 2026-12-06 off, as then; they are on by default since)
+#     (both plain-step cuts of 2026-12-06 off, as then; the held appends are on by default since)
 step adaptive-8b 600 env DFLASH_ADAPTIVE_DEFER_APPEND=0 DFLASH_ADAPTIVE_PLAIN_ATTENTION=0 python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b \
     --modes plain,adaptive --concurrency 1,4,16,64 --out "$R/gpu-adaptive-sglang-8b" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
