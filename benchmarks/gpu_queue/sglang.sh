@@ -294,6 +294,18 @@ step profile-8b-64 600 python3 benchmarks/gpu_adaptive_sglang.py profile --shape
     --modes plain,adaptive --concurrency 16,64 --requests-per-slot 8 \
     --out "$R/gpu-adaptive-sglang-8b-profile" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
+# 1i. (2026-12-06 night) DFLASH's prefill waits for the GPU (`torch.tensor(list, device=cuda)`
+#     in its extend branch: 27 % of the 8B 64-request adaptive scheduler's samples, profile-8b-64);
+#     DFLASH_ASYNC_PREFILL (default on) prefills without the sync. First the GPU check that the
+#     copy no longer syncs, then plain and adaptive at the 8B shape, then adaptive with it off
+step async-prefill-8b 600 bash -c 'python3 -m pytest -q -m gpu tests/engines/test_sglang_prefill.py \
+    -p no:cacheprovider; O="$0/gpu-adaptive-sglang-8b-asyncprefill"; \
+    python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b --modes plain,adaptive \
+    --concurrency 16,64 --repeats 3 --log-level info --out "$O/on" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json; \
+    DFLASH_ASYNC_PREFILL=0 python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b \
+    --modes adaptive --concurrency 16,64 --repeats 3 --log-level info --out "$O/off" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json' "$R"
 # 2. issue 20 in SGLang: one engine per k, the best k per concurrency
 step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
     --target examples/fixtures/code-target --draft examples/fixtures/code-target-dflash-b16 \

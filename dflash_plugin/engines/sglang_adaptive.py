@@ -23,6 +23,7 @@ from ..errors import ConfigError, require
 from ..tune import Cell, by_concurrency, round_ms
 from .sglang_adaptive_defer import capacity_from_env
 from .sglang_plain_attention import enabled as plain_attention_enabled
+from .sglang_prefill import enabled as async_prefill_enabled
 
 NAME = "DFLASH_ADAPTIVE"
 FLAG = "speculative_adaptive_config"
@@ -102,6 +103,7 @@ def validate_server_args(server_args) -> None:
     load_step_times(getattr(sa, FLAG, None), w)
     capacity_from_env()  # the worker's environment flags: a bad value fails at launch
     plain_attention_enabled()
+    async_prefill_enabled()
     topk = getattr(sa, "speculative_eagle_topk", None)
     require(topk in (None, 1), "speculative_eagle_topk", f"{NAME} drafts one path: 1, got {topk}")
     for flag, ok, allowed in [

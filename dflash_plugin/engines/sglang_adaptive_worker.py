@@ -50,6 +50,8 @@ from .sglang_adaptive_defer import DeferredAppend, capacity_from_env
 from .sglang_buckets import graphs_enabled
 from .sglang_plain_attention import enabled as plain_attention_enabled
 from .sglang_plain_attention import plain_step_backend
+from .sglang_prefill import enabled as async_prefill_enabled
+from .sglang_prefill import prefill
 from .sglang_tree_append import AppendStage, fused_workspaces
 from .sglang_tree_worker import _check_version
 
@@ -220,6 +222,7 @@ def worker_class() -> type:
             held = capacity_from_env()  # q = 1 steps' drafter-context rows written late
             self._held = DeferredAppend(held) if held else None
             self._held_reqs = ()  # the batch's requests (ids) while rows are held
+            self._async_prefill = async_prefill_enabled()  # DFLASH_ASYNC_PREFILL
 
         def _runners(self):
             return {"target": self.target_worker.model_runner, "draft": self._draft_mr}
@@ -322,11 +325,13 @@ def worker_class() -> type:
             self._q = q
 
         def forward_batch_generation(self, batch, on_publish=None):
-            decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch
-                          or batch.forward_mode.is_idle())
+            extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
+            decode = not (extend or batch.forward_mode.is_idle())
             if not (decode and self._states):
                 self._clock.reset()  # a prefill in between: no step time
                 self._write_held()  # its slots may be a finished request's
+                if extend and self._async_prefill:  # DFLASH's, without its host sync
+                    return prefill(self, batch, on_publish)
                 return super().forward_batch_generation(batch, on_publish=on_publish)
             bs, now = len(batch.seq_lens), time.perf_counter()
             q = self.policy.choose(bs)

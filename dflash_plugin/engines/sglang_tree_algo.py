@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, require
 from ..tree import capacity
+from .sglang_prefill import enabled as async_prefill_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ def validate_server_args(server_args) -> None:
     plan = check_tree_args(TreeArgs(getattr(sa, "speculative_num_draft_tokens", None),
                                     getattr(sa, "speculative_eagle_topk", None), block,
                                     device="cuda"))
+    async_prefill_enabled()  # DFLASH_ASYNC_PREFILL: a bad value fails at launch
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     from .sglang_checks import check_draft_for_sglang

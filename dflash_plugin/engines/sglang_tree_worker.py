@@ -27,6 +27,8 @@ import torch
 
 from .sglang_buckets import bucket_limit, graphs_enabled
 from .sglang_checks import sglang_version
+from .sglang_prefill import enabled as async_prefill_enabled
+from .sglang_prefill import prefill
 from .sglang_tree_accept import AcceptStage
 from .sglang_tree_algo import (
     NAME,
@@ -164,6 +166,7 @@ def worker_class() -> type:
             # mirror, read after the drafter and tree phase are queued (sglang_tree_seqlens)
             self._late_seq_lens, self._late_check = late_seq_lens_from_env()
             self._mirror = None
+            self._async_prefill = async_prefill_enabled()  # DFLASH_ASYNC_PREFILL
 
         @property
         def spec_v2_attn_backends(self) -> tuple:
@@ -297,8 +300,10 @@ def worker_class() -> type:
                 .max_context_len
 
         def forward_batch_generation(self, batch, on_publish=None):
-            if batch.forward_mode.is_extend() or batch.is_extend_in_batch or \
-                    batch.forward_mode.is_idle():
+            extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
+            if extend and self._async_prefill:  # DFLASH's prefill without its host sync
+                return prefill(self, batch, self._publish(batch, on_publish))
+            if extend or batch.forward_mode.is_idle():
                 return super().forward_batch_generation(
                     batch, on_publish=self._publish(batch, on_publish))
             if getattr(batch, "return_logprob", False):

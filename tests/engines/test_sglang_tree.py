@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECKS = [ROOT / "tests" / "engines" / "sglang_env" / f"{name}.py"
           for name in ("checks_tree", "checks_tree_worker", "checks_tree_plan",
                        "checks_tree_fa3", "checks_tree_accept", "checks_tree_sample",
-                       "checks_adaptive", "checks_adaptive_defer", "checks_adaptive_attention")]
+                       "checks_adaptive", "checks_adaptive_defer", "checks_adaptive_attention",
+                       "checks_adaptive_prefill")]
 FIX = ROOT / "examples" / "fixtures"
 
 
