@@ -16,9 +16,11 @@ started S times, the modes in turn (plain, dflash, adaptive, plain, ...), each s
 `start-N/M.json` and the median start per concurrency in `M.json`, the range over every run: the
 fixture's rows moved by up to 40 % from one server start to the next on an H100, DFLASH's own
 included, 2026-12-06), and the greedy outputs of the first 16 prompts
-(4 at a time) for token identity between modes. DFLASH_ADAPTIVE reads the step times of a
-`dflash tune --engine sglang` report (`--config`) and logs its steps per block length every 200
-steps (DFLASH_ADAPTIVE_LOG_EVERY).
+(4 at a time) for token identity between modes; `--length-spread S`: the rows' output
+lengths from 128 (1 - S) to 128 (1 + S), interleaved, so requests finish and new ones are
+prefilled at any step, as in serving (default 0: every request 128 tokens, arriving in
+waves). DFLASH_ADAPTIVE reads the step times of a `dflash tune --engine sglang` report
+(`--config`) and logs its steps per block length every 200 steps (DFLASH_ADAPTIVE_LOG_EVERY).
 
     O=benchmarks/results/gpu-adaptive-sglang
     python benchmarks/gpu_adaptive_sglang.py all --out $O \
@@ -117,7 +119,7 @@ def run_mode(args, mode: str) -> dict:
                                 args.max_new_tokens)
             return {"mode": mode, "start_s": started, "rows": rows, "config": str(args.config)}
         runs = [measure_engine(engine, LABEL_K[mode], ids, args.concurrency,
-                               temperature=args.temperature,
+                               temperature=args.temperature, spread=args.length_spread,
                                max_new_tokens=args.max_new_tokens, waves=args.waves,
                                min_requests=args.min_requests, min_seconds=args.min_seconds,
                                warmup_tokens=8, log=lambda m: print(m, flush=True))
@@ -128,6 +130,7 @@ def run_mode(args, mode: str) -> dict:
     finally:
         engine.shutdown()
     return {"mode": mode, "start_s": started, "temperature": args.temperature,
+            "length_spread": args.length_spread,
             "cells": [asdict(c) for c in median_cells(runs)],
             "repeats": [[c.tokens_per_s for c in r] for r in runs],  # [repeat][concurrency]
             "outputs": [o.token_ids for o in outs], "config": str(args.config),
@@ -217,6 +220,10 @@ def main() -> None:
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                     default=[1, 4, 8, 16, 32, 64])
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--length-spread", type=float, default=0.0,
+                    help="rows: output lengths from N (1 - S) to N (1 + S) for --max-new-tokens "
+                         "N, interleaved, so requests finish and arrive at any step (as in "
+                         "serving), not in waves; S in [0, 1), default 0 (every request N)")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="the timed rows' (top-p 1); the identity check stays greedy")
     ap.add_argument("--prompt-tokens", type=int,
@@ -247,6 +254,8 @@ def main() -> None:
     args = ap.parse_args()
     if not args.temperature >= 0:
         ap.error(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 <= args.length_spread < 1:
+        ap.error(f"--length-spread must be in [0, 1), got {args.length_spread}")
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.starts < 1:

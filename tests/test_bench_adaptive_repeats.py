@@ -95,6 +95,9 @@ def test_merge_starts_takes_the_median_start_and_every_run(script, tmp_path, cap
     (["all", "--starts", "0"], "--starts must be >= 1, got 0"),
     (["all", "--starts", "2", "--trace", "1x16"], "--starts > 1 needs `all` and no --trace"),
     (["profile", "--starts", "2"], "--starts > 1 needs `all` and no --trace"),
+    (["all", "--length-spread", "1"], "--length-spread must be in [0, 1), got 1.0"),
+    (["run", "--mode", "plain", "--length-spread", "-0.1"],
+     "--length-spread must be in [0, 1), got -0.1"),
 ])
 def test_bad_starts_is_refused_before_any_engine(tmp_path, args, message):
     out = tmp_path / "never-made"

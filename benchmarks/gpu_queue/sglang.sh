@@ -295,17 +295,18 @@ step profile-8b-64 600 python3 benchmarks/gpu_adaptive_sglang.py profile --shape
     --out "$R/gpu-adaptive-sglang-8b-profile" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 # 1i. (2026-12-06 night) DFLASH's prefill waits for the GPU (`torch.tensor(list, device=cuda)`
-#     in its extend branch: 27 % of the 8B 64-request adaptive scheduler's samples, profile-8b-64);
-#     DFLASH_ASYNC_PREFILL (default on) prefills without the sync. First the GPU check that the
-#     copy no longer syncs, then plain and adaptive at the 8B shape, then adaptive with it off
+#     in its extend branch); DFLASH_ASYNC_PREFILL (default on) prefills without that sync. Ran
+#     once that night with every request 128 tokens (requests in waves, a few prefills per row):
+#     no change (BENCHMARKS.md). Now with staggered output lengths (64-192 tokens: a request
+#     finishes, and one is prefilled, every few steps): the GPU check that the copy does not
+#     sync, plain and adaptive at the 8B shape, then adaptive with it off
 step async-prefill-8b 600 bash -c 'python3 -m pytest -q -m gpu tests/engines/test_sglang_prefill.py \
     -p no:cacheprovider; O="$0/gpu-adaptive-sglang-8b-asyncprefill"; \
-    python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b --modes plain,adaptive \
-    --concurrency 16,64 --repeats 3 --log-level info --out "$O/on" \
-    --config benchmarks/results/gpu-engines/tune-sglang.json; \
-    DFLASH_ASYNC_PREFILL=0 python3 benchmarks/gpu_adaptive_sglang.py all --shape qwen3-8b \
-    --modes adaptive --concurrency 16,64 --repeats 3 --log-level info --out "$O/off" \
-    --config benchmarks/results/gpu-engines/tune-sglang.json' "$R"
+    A="--shape qwen3-8b --concurrency 16,64 --repeats 3 --length-spread 0.5 --waves 4"; \
+    python3 benchmarks/gpu_adaptive_sglang.py all $A --modes plain,adaptive --log-level info \
+    --out "$O/on" --config benchmarks/results/gpu-engines/tune-sglang.json; \
+    DFLASH_ASYNC_PREFILL=0 python3 benchmarks/gpu_adaptive_sglang.py all $A --modes adaptive \
+    --log-level info --out "$O/off" --config benchmarks/results/gpu-engines/tune-sglang.json' "$R"
 # 2. issue 20 in SGLang: one engine per k, the best k per concurrency
 step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
     --target examples/fixtures/code-target --draft examples/fixtures/code-target-dflash-b16 \

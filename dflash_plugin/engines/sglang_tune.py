@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from ..errors import ConfigError
 from ..tune import Cell, Finished, measure_cells, report
 
 
@@ -37,17 +38,33 @@ def start(target: str, draft: str, k: int, *, max_running_requests: int, dtype: 
     return sglang.Engine(**kw)
 
 
-def closed_loop(engine, prompts: list[list[int]], max_tokens: int, concurrency: int,
-                temperature: float = 0.0) -> list[Finished]:
+def spread_lengths(n: int, mean: int, spread: float) -> list[int]:
+    """n output lengths around `mean`, from mean * (1 - spread) to mean * (1 + spread), evenly
+    spaced and interleaved (neighbours differ; the same list every call): requests of a closed
+    loop then finish, and new ones arrive and are prefilled, a few at a time at any step, as in
+    serving, not in waves. spread 0: every length `mean`."""
+    if not 0.0 <= spread < 1.0:
+        raise ConfigError("length_spread", f"must be in [0, 1), got {spread}")
+    if spread == 0.0 or n < 2:
+        return [mean] * n
+    frac = [(i * 0.6180339887) % 1.0 for i in range(n)]  # [n] golden-ratio sequence in [0, 1)
+    return [max(1, round(mean * (1.0 + spread * (2.0 * f - 1.0)))) for f in frac]
+
+
+def closed_loop(engine, prompts: list[list[int]], max_tokens: int | list[int],
+                concurrency: int, temperature: float = 0.0) -> list[Finished]:
+    """Each prompt once, `concurrency` requests in flight; `max_tokens` per request (a list:
+    the i-th prompt's), EOS ignored."""
     done: list[Finished | None] = [None] * len(prompts)
     todo = iter(range(len(prompts)))
-    sp = {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": 1.0,
-          "ignore_eos": True}
+    lens = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    sp = {"temperature": temperature, "top_p": 1.0, "ignore_eos": True}
 
     async def worker() -> None:
         for i in todo:  # one shared iterator: each worker takes the next prompt
             t0 = time.perf_counter()
-            out = await engine.async_generate(input_ids=prompts[i], sampling_params=sp)
+            out = await engine.async_generate(input_ids=prompts[i], sampling_params=dict(
+                sp, max_new_tokens=lens[i]))
             done[i] = Finished(list(out["output_ids"]), time.perf_counter() - t0, None,
                                out["meta_info"].get("spec_verify_ct"))
 
@@ -59,11 +76,14 @@ def closed_loop(engine, prompts: list[list[int]], max_tokens: int, concurrency: 
 
 
 def measure_engine(engine, k: int, prompts: list[list[int]], concurrencies: list[int], *,
-                   temperature: float = 0.0, seed: int = 0, **run) -> list[Cell]:
+                   temperature: float = 0.0, seed: int = 0, spread: float = 0.0,
+                   **run) -> list[Cell]:
     """The cells of one started engine (`tune.measure_cells`; tau = committed tokens per
-    verify round, from each request's `spec_verify_ct`)."""
+    verify round, from each request's `spec_verify_ct`); `spread` > 0: output lengths
+    `spread_lengths` around the cells' token count."""
     def serve(ids, new_tokens, c):
-        return closed_loop(engine, ids, new_tokens, c, temperature)
+        lens = spread_lengths(len(ids), new_tokens, spread) if spread else new_tokens
+        return closed_loop(engine, ids, lens, c, temperature)
 
     def probe():
         def end(done):
