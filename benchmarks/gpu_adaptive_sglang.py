@@ -19,8 +19,11 @@ included, 2026-12-06), and the greedy outputs of the first 16 prompts
 (4 at a time) for token identity between modes; `--length-spread S`: the rows' output
 lengths from 128 (1 - S) to 128 (1 + S), interleaved, so requests finish and new ones are
 prefilled at any step, as in serving (default 0: every request 128 tokens, arriving in
-waves). DFLASH_ADAPTIVE reads the step times of a `dflash tune --engine sglang` report
-(`--config`) and logs its steps per block length every 200 steps (DFLASH_ADAPTIVE_LOG_EVERY).
+waves). Each `M.json` holds `host`: the cores, the load and the CPU use over the rows of the
+server's processes (`bench.host_snapshot`; a line per server start in the report), to tell what
+differs between starts. DFLASH_ADAPTIVE reads the step times of a `dflash tune --engine sglang`
+report (`--config`) and logs its steps per block length every 200 steps
+(DFLASH_ADAPTIVE_LOG_EVERY).
 
     O=benchmarks/results/gpu-adaptive-sglang
     python benchmarks/gpu_adaptive_sglang.py all --out $O \
@@ -63,6 +66,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.common import checkout_first
+from bench.host_snapshot import cpu_use, host_line, snapshot
 from bench.sglang_steps import breakdown, print_breakdown, profile_mode, trace_phase, trace_report
 
 checkout_first()
@@ -113,6 +117,7 @@ def run_mode(args, mode: str) -> dict:
     t0 = time.perf_counter()
     engine = start(args, mode)
     started = time.perf_counter() - t0
+    host = {"before_rows": snapshot()}  # cores and CPU time of the server's processes
     try:
         if "STACK_SAMPLE_DIR" in os.environ:  # `profile`: sampled rows only
             rows = profile_mode(engine, ids, args.concurrency, args.requests_per_slot,
@@ -124,6 +129,8 @@ def run_mode(args, mode: str) -> dict:
                                min_requests=args.min_requests, min_seconds=args.min_seconds,
                                warmup_tokens=8, log=lambda m: print(m, flush=True))
                 for _ in range(args.repeats)]
+        host.update(after_rows=snapshot(), rows_s=time.perf_counter() - t0 - started)
+        host["cpu_use"] = cpu_use(host["before_rows"], host["after_rows"], host["rows_s"])
         outs = closed_loop(engine, ids[:16], args.max_new_tokens, 4)  # greedy: identity
         trace = [trace_phase(engine, ids, c, n, args.max_new_tokens)
                  for c, n in args.trace or []]
@@ -134,7 +141,7 @@ def run_mode(args, mode: str) -> dict:
             "cells": [asdict(c) for c in median_cells(runs)],
             "repeats": [[c.tokens_per_s for c in r] for r in runs],  # [repeat][concurrency]
             "outputs": [o.token_ids for o in outs], "config": str(args.config),
-            "trace": trace}
+            "trace": trace, "host": host}
 
 
 def median_cells(runs: list[list], tps=lambda c: c.tokens_per_s) -> list:
@@ -157,7 +164,7 @@ def merge_starts(out: Path, modes: list[str], n: int) -> None:
         merged = dict(docs[0], cells=median_cells([d["cells"] for d in docs],
                                                   lambda c: c["tokens_per_s"]))
         merged.update(repeats=[r for d in docs for r in d["repeats"]],
-                      starts=[{"start_s": d["start_s"],
+                      starts=[{"start_s": d["start_s"], "host": d.get("host"),
                                "tokens_per_s": [c["tokens_per_s"] for c in d["cells"]]}
                               for d in docs],
                       outputs_agree=all(d["outputs"] == docs[0]["outputs"] for d in docs),
@@ -197,6 +204,9 @@ def report(out: Path) -> None:
         if "starts" in d:
             print(f"{m}: {len(d['starts'])} server starts ({d['starts_failed']} failed), "
                   f"greedy outputs alike in all: {d['outputs_agree']}")
+        for i, st in enumerate(d.get("starts") or [d]):  # where its processes ran
+            if st.get("host"):
+                print(f"  {m} start {i + 1}: {host_line(st['host'])}")
     for m in ("dflash", "adaptive", "adaptive-q1"):
         if "plain" in docs and m in docs:
             print(m, "vs plain:", identity(docs["plain"]["outputs"], docs[m]["outputs"]))

@@ -1,0 +1,64 @@
+"""Where a benchmark's processes run on the host, for rows that move between server starts.
+
+On the H100 hosts (16 cores) the fixture's SGLang rows moved by up to 70 % from one server start
+to the next (BENCHMARKS.md, 2026-12-06 night): a 20M-parameter model is host-bound, so the
+scheduler's core, its neighbours and the host's load may set the pace. `snapshot()` records, for
+this process and every descendant (the engine's scheduler and detokenizer), the core it last ran
+on, the cores it may run on, its threads and its CPU seconds so far, with the host's core counts,
+load and clock; two snapshots around the timed rows give each process's CPU use over them
+(`cpu_use`)."""
+
+from __future__ import annotations
+
+import os
+
+
+def cores(ids) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'."""
+    out, ids = [], sorted(set(ids))
+    for i in ids:
+        if out and i == out[-1][1] + 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
+
+
+def snapshot(pid: int | None = None) -> dict:
+    """The host and `pid`'s process tree (default this process) now."""
+    import psutil
+
+    root = psutil.Process(pid or os.getpid())
+    procs = []
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            with p.oneshot():
+                t = p.cpu_times()
+                procs.append({"pid": p.pid, "name": p.name(), "core": p.cpu_num(),
+                              "affinity": cores(p.cpu_affinity()), "threads": p.num_threads(),
+                              "cpu_s": round(t.user + t.system, 3)})
+        except psutil.Error:  # ended meanwhile
+            continue
+    freq = psutil.cpu_freq()
+    return {"cores": psutil.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
+            "loadavg": [round(x, 2) for x in os.getloadavg()],
+            "mhz": round(freq.current) if freq else None, "procs": procs}
+
+
+def cpu_use(before: dict, after: dict, seconds: float) -> dict[str, float]:
+    """{'name pid': CPU seconds per wall second between two snapshots} for the processes in
+    both (1.0: one core busy all the time)."""
+    was = {p["pid"]: p["cpu_s"] for p in before["procs"]}
+    return {f"{p['name']} {p['pid']}": round((p["cpu_s"] - was[p["pid"]]) / seconds, 3)
+            for p in after["procs"] if p["pid"] in was and seconds > 0}
+
+
+def host_line(host: dict | None) -> str:
+    """One line from `run_mode`'s host record: the load and clock after the rows and each busy
+    process (over 5 % of a core): its name, last core, allowed cores, cores used."""
+    if not host or "after_rows" not in host:
+        return "no host record"
+    after, use = host["after_rows"], host.get("cpu_use", {})
+    busy = [f"{p['name']} on {p['core']} of {p['affinity']}: {use[k]:.2f}"
+            for p in after["procs"] if use.get(k := f"{p['name']} {p['pid']}", 0) > 0.05]
+    return f"load {after['loadavg'][0]}, {after['mhz']} MHz; " + "; ".join(busy)

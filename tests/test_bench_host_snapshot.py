@@ -1,0 +1,35 @@
+"""`benchmarks/bench/host_snapshot.py`: the cores and CPU time of a process tree, read from this
+test's own process and a busy child (real processes, no engine)."""
+
+import subprocess
+import sys
+import time
+
+from tests.bench_script import on_bench_path
+
+
+def test_snapshot_sees_a_child_and_its_cpu_use():
+    with on_bench_path():
+        from bench.host_snapshot import cores, cpu_use, host_line, snapshot
+
+    assert cores([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8" and cores([3]) == "3"
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\n"
+                              "while time.time() - t < 3: pass"])
+    try:
+        time.sleep(0.3)
+        before, t0 = snapshot(), time.perf_counter()
+        time.sleep(0.7)
+        after = snapshot()
+        secs = time.perf_counter() - t0
+    finally:
+        child.kill()
+        child.wait()
+    pids = {p["pid"]: p for p in after["procs"]}
+    assert child.pid in pids and after["cores"] >= 1 and len(after["loadavg"]) == 3
+    p = pids[child.pid]
+    assert p["core"] >= 0 and p["affinity"] and p["threads"] >= 1
+    use = cpu_use(before, after, secs)
+    assert use[f"{p['name']} {child.pid}"] > 0.5  # a spinning child: most of a core
+    line = host_line({"after_rows": after, "cpu_use": use})
+    assert f"{p['name']} on {p['core']} of {p['affinity']}" in line
+    assert host_line(None) == "no host record"
