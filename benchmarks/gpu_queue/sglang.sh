@@ -6,26 +6,26 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-06 evening (that session ran adaptive-8b-rep and adaptive-rep, then the
-#   plain-step attention on and off by hand, on an H100: BENCHMARKS.md "Repeated rows, and the
-#   plain-step attention with drafts accepted"), most wanted first; every step reads
+# Owed as of 2026-12-06 night (that session ran plainattn-ab, adaptive-starts, profile-8b-64
+#   and async-prefill-8b with 128-token requests, on two H100s: BENCHMARKS.md "Server starts,
+#   the plain-step attention again, ..."), most wanted first; every step reads
 #   benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the uploaded checkout.
-#   Issue 20 first (is the plain-step attention what slowed the fixture's q = 16 steps, and
-#   how: allocator retries and free memory are in the policy's log line since then; where the
-#   8B 64-request row's 2.5 % outside the decode steps goes), then issue 19's:
-#   STEPS="plainattn-ab adaptive-starts profile-8b-64 adaptive-rep adaptive-t1
+#   Issue 20 first (DFLASH_ASYNC_PREFILL under staggered arrivals; the fixture's rows with each
+#   server's cores and CPU use recorded, to explain their up-to-70 % start-to-start spread),
+#   then issue 19's:
+#   STEPS="async-prefill-8b adaptive-starts adaptive-t1 adaptive-rep
 #   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
-#   replayed its random numbers). Times on a fresh H100 (2026-12-06): the first engine start
-#   compiles (about 3 min more), a warm round-cost 50-120 s, adaptive 235-370 s, an 8B
-#   `adaptive-8b*` 300-390 s, adaptive-8b-rep 421 s with the install and the first compile,
-#   adaptive-rep 485 s, one fixture adaptive server with 3 x 3 rows about 105 s; one 30-minute
-#   session (about 24 min left for steps after staging) fits plainattn-ab (about 350 s, first:
-#   add the first compile), adaptive-starts (about 480 s) and profile-8b-64 (about 300 s), one
-#   device call each (10 minutes per call). The fixtures must be real files or links in
-#   examples/fixtures (a checkout sent without them holds an empty code-target folder: remove it
-#   and link /tmp/gpu/files/examples/fixtures/* there).
+#   replayed its random numbers). Times on an H100 (2026-12-06): staging 10 parts about 45 s and
+#   the install 12 s on a fresh machine (the first engine start compiled little that night),
+#   async-prefill-8b (128-token requests) 385 s, plainattn-ab 381 s, adaptive-starts 543 s,
+#   profile-8b-64 239 s, a warm round-cost 50-120 s, adaptive 235-370 s, adaptive-rep 485 s; one
+#   30-minute session fits about three 8-minute steps, one device call each (10 minutes per
+#   call). The fixtures must be real files or links in examples/fixtures (a checkout sent
+#   without them holds an empty code-target folder: remove it and link
+#   /tmp/gpu/files/examples/fixtures/* there). The device returns files at most two folders
+#   below $OUT: tar deeper result folders into $OUT.
 set -u
 R=${R:-/tmp/res}; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -328,7 +328,8 @@ step adaptive-rep 900 python3 benchmarks/gpu_adaptive_sglang.py all --repeats 3 
 # 2b++. the same with each mode's server started twice, the modes in turn (`--starts 2`: the
 #       median start per row, the range over both): the fixture's rows moved by up to 40 % from
 #       one server start to the next (DFLASH at 64 requests 28,508 / 20,225 tok/s, 2026-12-06),
-#       more than the differences the goal is about (about 480 s)
+#       more than the differences the goal is about. Ran that night (543 s): up to 70 % apart
+#       between starts, inconclusive; again now that each server's cores and CPU use are kept
 step adaptive-starts 600 python3 benchmarks/gpu_adaptive_sglang.py all --starts 2 \
     --out "$R/gpu-adaptive-sglang-starts" --config benchmarks/results/gpu-engines/tune-sglang.json
 # 2b'. the same three servers timed at T = 1 (never run: DFLASH's sampled verify with q = 1 is
