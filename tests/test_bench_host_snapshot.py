@@ -33,3 +33,14 @@ def test_snapshot_sees_a_child_and_its_cpu_use():
     line = host_line({"after_rows": after, "cpu_use": use})
     assert f"{p['name']} on {p['core']} of {p['affinity']}" in line
     assert host_line(None) == "no host record"
+
+
+def test_gpu_state_without_nvidia_smi(monkeypatch):
+    """No nvidia-smi on the PATH (CI): None, and the line leaves the GPU out."""
+    with on_bench_path():
+        from bench import host_snapshot
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert host_snapshot.gpu_state() is None
+    after = {"loadavg": [0.5, 0, 0], "mhz": 2000, "gpu": None, "procs": []}
+    assert host_snapshot.host_line({"after_rows": after}) == "load 0.5, 2000 MHz; "

@@ -5,12 +5,13 @@ to the next (BENCHMARKS.md, 2026-12-06 night): a 20M-parameter model is host-bou
 scheduler's core, its neighbours and the host's load may set the pace. `snapshot()` records, for
 this process and every descendant (the engine's scheduler and detokenizer), the core it last ran
 on, the cores it may run on, its threads and its CPU seconds so far, with the host's core counts,
-load and clock; two snapshots around the timed rows give each process's CPU use over them
-(`cpu_use`)."""
+load and clock and the GPU's clocks, power, temperature and use; two snapshots around the timed
+rows give each process's CPU use over them (`cpu_use`)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 
 
 def cores(ids) -> str:
@@ -42,7 +43,21 @@ def snapshot(pid: int | None = None) -> dict:
     freq = psutil.cpu_freq()
     return {"cores": psutil.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
             "loadavg": [round(x, 2) for x in os.getloadavg()],
-            "mhz": round(freq.current) if freq else None, "procs": procs}
+            "mhz": round(freq.current) if freq else None, "gpu": gpu_state(), "procs": procs}
+
+
+GPU_FIELDS = "clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu"
+
+
+def gpu_state() -> str | None:
+    """nvidia-smi's `GPU_FIELDS` of the first GPU now ("1980 MHz, 2619 MHz, 310.5 W, 45, 97 %"),
+    or None without nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={GPU_FIELDS}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout else None
 
 
 def cpu_use(before: dict, after: dict, seconds: float) -> dict[str, float]:
@@ -61,4 +76,5 @@ def host_line(host: dict | None) -> str:
     after, use = host["after_rows"], host.get("cpu_use", {})
     busy = [f"{p['name']} on {p['core']} of {p['affinity']}: {use[k]:.2f}"
             for p in after["procs"] if use.get(k := f"{p['name']} {p['pid']}", 0) > 0.05]
-    return f"load {after['loadavg'][0]}, {after['mhz']} MHz; " + "; ".join(busy)
+    gpu = f"GPU {after['gpu']}; " if after.get("gpu") else ""
+    return f"load {after['loadavg'][0]}, {after['mhz']} MHz; {gpu}" + "; ".join(busy)
