@@ -19,9 +19,10 @@ included, 2026-12-06), and the greedy outputs of the first 16 prompts
 (4 at a time) for token identity between modes; `--length-spread S`: the rows' output
 lengths from 128 (1 - S) to 128 (1 + S), interleaved, so requests finish and new ones are
 prefilled at any step, as in serving (default 0: every request 128 tokens, arriving in
-waves). Each `M.json` holds `host`: the cores, the load and the CPU use over the rows of the
-server's processes (`bench.host_snapshot`; a line per server start in the report), to tell what
-differs between starts. DFLASH_ADAPTIVE reads the step times of a `dflash tune --engine sglang`
+waves). Each `M.json` holds `host`: the cores, the load, the GPU's clocks and the CPU use over
+the rows of the server's processes, and per row the host's busy and stolen CPU share and the
+busiest process's cores (`bench.host_snapshot`; a line per server start in the report), to tell
+what differs between starts and between rows. DFLASH_ADAPTIVE reads the step times of a `dflash tune --engine sglang`
 report (`--config`) and logs its steps per block length every 200 steps
 (DFLASH_ADAPTIVE_LOG_EVERY).
 
@@ -66,7 +67,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.common import checkout_first
-from bench.host_snapshot import cpu_use, host_line, snapshot
+from bench.host_snapshot import counters, cpu_use, host_line, interval, snapshot
 from bench.sglang_steps import breakdown, print_breakdown, profile_mode, trace_phase, trace_report
 
 checkout_first()
@@ -118,6 +119,11 @@ def run_mode(args, mode: str) -> dict:
     engine = start(args, mode)
     started = time.perf_counter() - t0
     host = {"before_rows": snapshot()}  # cores and CPU time of the server's processes
+    marks = [("start", counters())]  # then one after each timed row (its log line)
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+        marks.append((line, counters()))
     try:
         if "STACK_SAMPLE_DIR" in os.environ:  # `profile`: sampled rows only
             rows = profile_mode(engine, ids, args.concurrency, args.requests_per_slot,
@@ -127,9 +133,12 @@ def run_mode(args, mode: str) -> dict:
                                temperature=args.temperature, spread=args.length_spread,
                                max_new_tokens=args.max_new_tokens, waves=args.waves,
                                min_requests=args.min_requests, min_seconds=args.min_seconds,
-                               warmup_tokens=8, log=lambda m: print(m, flush=True))
+                               warmup_tokens=8, log=log)
                 for _ in range(args.repeats)]
         host.update(after_rows=snapshot(), rows_s=time.perf_counter() - t0 - started)
+        # per row (a repeat's first also holds its untimed pass): steal, busy, top process
+        host["rows"] = [dict(row=line, **interval(a, b))
+                        for (_, a), (line, b) in zip(marks, marks[1:])]
         host["cpu_use"] = cpu_use(host["before_rows"], host["after_rows"], host["rows_s"])
         outs = closed_loop(engine, ids[:16], args.max_new_tokens, 4)  # greedy: identity
         trace = [trace_phase(engine, ids, c, n, args.max_new_tokens)

@@ -11,6 +11,8 @@ import pytest
 
 from tests.bench_script import BENCH, load, on_bench_path
 
+FIX = Path(__file__).resolve().parents[1] / "examples" / "fixtures"
+
 
 @pytest.fixture(scope="module")
 def script():
@@ -136,3 +138,46 @@ def test_all_with_starts_runs_the_modes_in_turn_into_start_folders(script, tmp_p
                      ("adaptive", "start-2")]
     out = capsys.readouterr().out
     assert "| 4 | 100 (100-300) | 200 (200-400) | 2.000 |" in out
+
+
+def test_run_mode_records_the_host_per_row(script, monkeypatch):
+    """`run_mode` with the engine and its rows as stand-ins (MOCKS: SGLang's engine needs a
+    GPU; the rows log as `measure_engine` does): the staggered lengths reach the rows, the
+    repeats their median, and the host record has a snapshot before and after and one interval
+    per logged row."""
+    import argparse
+    import types
+
+    from dflash_plugin.engines import sglang_tune
+    from dflash_plugin.tune import Cell, Finished
+
+    seen = {}
+    monkeypatch.setattr(script, "start", lambda args, mode: types.SimpleNamespace(
+        shutdown=lambda: seen.setdefault("shutdown", True)))
+    monkeypatch.setattr("dflash_plugin.engines.vllm_tune.prompt_ids",
+                        lambda target, prompts, keep: [[1, 2, 3]] * 20)
+
+    def rows(engine, k, ids, concurrencies, *, spread, log, **kw):
+        seen["spread"] = spread
+        out = []
+        for c in concurrencies:
+            log(f"sglang k={k} c={c}: 1.0 tok/s")
+            out.append(Cell(k, c, 100.0 * c + len(seen.setdefault("runs", []))))
+        seen["runs"].append(out)
+        return out
+
+    monkeypatch.setattr(sglang_tune, "measure_engine", rows)
+    monkeypatch.setattr(sglang_tune, "closed_loop",
+                        lambda engine, ids, n, c: [Finished([7], 0.1, None, None)] * len(ids))
+    args = argparse.Namespace(
+        max_new_tokens=128, target=FIX / "code-target", prompts=FIX / "dev-prompts.jsonl",
+        prompt_tokens=None, temperature=0.0, length_spread=0.5, waves=2, min_requests=4,
+        min_seconds=0.0, repeats=3, concurrency=[1, 4], trace=None, config=None)
+    doc = script.run_mode(args, "plain")
+    assert seen["spread"] == 0.5 and seen["shutdown"] and doc["length_spread"] == 0.5
+    assert [c["tokens_per_s"] for c in doc["cells"]] == [101.0, 401.0]  # the median repeat
+    host = doc["host"]
+    assert host["before_rows"]["procs"] and host["after_rows"]["procs"]
+    assert [r["row"] for r in host["rows"]] == ["sglang k=0 c=1: 1.0 tok/s",
+                                                "sglang k=0 c=4: 1.0 tok/s"] * 3
+    assert all(r["wall_s"] >= 0 for r in host["rows"])

@@ -44,3 +44,27 @@ def test_gpu_state_without_nvidia_smi(monkeypatch):
     assert host_snapshot.gpu_state() is None
     after = {"loadavg": [0.5, 0, 0], "mhz": 2000, "gpu": None, "procs": []}
     assert host_snapshot.host_line({"after_rows": after}) == "load 0.5, 2000 MHz; "
+
+
+def test_row_counters_see_a_busy_child():
+    """`counters` around a stretch with a spinning child: the interval's busiest process used
+    most of a core and the host was partly busy; the report line carries the per-row range."""
+    with on_bench_path():
+        from bench.host_snapshot import counters, host_line, interval, snapshot
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\n"
+                              "while time.time() - t < 3: pass"])
+    try:
+        time.sleep(0.3)
+        a = counters()
+        time.sleep(0.7)
+        b = counters()
+        after = snapshot()
+    finally:
+        child.kill()
+        child.wait()
+    row = interval(a, b)
+    assert 0.6 < row["wall_s"] < 2 and row["top_proc_cores"] > 0.5
+    assert 0 < row["busy"] <= 1 and 0 <= row["steal"] < 1
+    line = host_line({"after_rows": after, "cpu_use": {}, "rows": [dict(row="r", **row)]})
+    assert "rows: steal up to" in line and "busiest process" in line

@@ -68,6 +68,40 @@ def cpu_use(before: dict, after: dict, seconds: float) -> dict[str, float]:
             for p in after["procs"] if p["pid"] in was and seconds > 0}
 
 
+def counters(pid: int | None = None) -> dict:
+    """Cheap counters for one row: the time, the host's CPU times (all cores, seconds) and the
+    CPU seconds of each process of `pid`'s tree (default this process)."""
+    import time
+
+    import psutil
+
+    root = psutil.Process(pid or os.getpid())
+    procs = {}
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            procs[p.pid] = t.user + t.system
+        except psutil.Error:
+            continue
+    return {"t": time.perf_counter(), "host": psutil.cpu_times()._asdict(), "procs": procs}
+
+
+def interval(a: dict, b: dict) -> dict:
+    """Between two `counters`: the wall seconds, the share of the host's CPU time busy and
+    stolen by the hypervisor (a virtual machine's neighbours), and the most cores any one
+    process of the tree used (the host-bound scheduler: about 1.0)."""
+    total = sum(b["host"].values()) - sum(a["host"].values())
+    d = {k: b["host"][k] - a["host"].get(k, 0.0) for k in b["host"]}
+    wall = b["t"] - a["t"]
+    idle = d.get("idle", 0.0) + d.get("iowait", 0.0)
+    top = max((b["procs"][p] - a["procs"][p] for p in b["procs"] if p in a["procs"]),
+              default=0.0)
+    return {"wall_s": round(wall, 3),
+            "busy": round(1 - idle / total, 3) if total > 0 else None,
+            "steal": round(d.get("steal", 0.0) / total, 4) if total > 0 else None,
+            "top_proc_cores": round(top / wall, 3) if wall > 0 else None}
+
+
 def host_line(host: dict | None) -> str:
     """One line from `run_mode`'s host record: the load and clock after the rows and each busy
     process (over 5 % of a core): its name, last core, allowed cores, cores used."""
@@ -77,4 +111,8 @@ def host_line(host: dict | None) -> str:
     busy = [f"{p['name']} on {p['core']} of {p['affinity']}: {use[k]:.2f}"
             for p in after["procs"] if use.get(k := f"{p['name']} {p['pid']}", 0) > 0.05]
     gpu = f"GPU {after['gpu']}; " if after.get("gpu") else ""
-    return f"load {after['loadavg'][0]}, {after['mhz']} MHz; {gpu}" + "; ".join(busy)
+    rows = [r for r in host.get("rows", []) if r.get("steal") is not None]
+    per_row = (f"rows: steal up to {max(r['steal'] for r in rows):.1%}, busiest process "
+               f"{min(r['top_proc_cores'] for r in rows):.2f}-"
+               f"{max(r['top_proc_cores'] for r in rows):.2f} cores; ") if rows else ""
+    return f"load {after['loadavg'][0]}, {after['mhz']} MHz; {gpu}{per_row}" + "; ".join(busy)
