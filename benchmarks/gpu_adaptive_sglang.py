@@ -22,9 +22,9 @@ prefilled at any step, as in serving (default 0: every request 128 tokens, arriv
 waves). Each `M.json` holds `host`: the cores, the load, the GPU's clocks and the CPU use over
 the rows of the server's processes, and per row the host's busy and stolen CPU share and the
 busiest process's cores (`bench.host_snapshot`; a line per server start in the report), to tell
-what differs between starts and between rows. DFLASH_ADAPTIVE reads the step times of a `dflash tune --engine sglang`
-report (`--config`) and logs its steps per block length every 200 steps
-(DFLASH_ADAPTIVE_LOG_EVERY).
+what differs between starts and between rows. DFLASH_ADAPTIVE reads the step times of a
+`dflash tune --engine sglang` report (`--config`) and logs its steps per block length every 200
+steps (DFLASH_ADAPTIVE_LOG_EVERY).
 
     O=benchmarks/results/gpu-adaptive-sglang
     python benchmarks/gpu_adaptive_sglang.py all --out $O \
