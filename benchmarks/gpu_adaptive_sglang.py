@@ -135,7 +135,7 @@ def run_mode(args, mode: str) -> dict:
                                min_requests=args.min_requests, min_seconds=args.min_seconds,
                                warmup_tokens=8, log=log)
                 for _ in range(args.repeats)]
-        host.update(after_rows=snapshot(), rows_s=time.perf_counter() - t0 - started)
+        host.update(after_rows=snapshot(), rows_s=marks[-1][1]["t"] - marks[0][1]["t"])
         # per row (a repeat's first also holds its untimed pass): steal, busy, top process
         host["rows"] = [dict(row=line, **interval(a, b))
                         for (_, a), (line, b) in zip(marks, marks[1:])]

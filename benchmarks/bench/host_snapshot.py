@@ -25,21 +25,34 @@ def cores(ids) -> str:
     return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
 
 
+def tree(pid: int | None, read) -> list:
+    """`read(process)` for `pid` (default this process) and each of its descendants, leaving
+    out those that end meanwhile."""
+    import psutil
+
+    root = psutil.Process(pid or os.getpid())
+    out = []
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            with p.oneshot():
+                out.append(read(p))
+        except psutil.Error:  # ended meanwhile
+            continue
+    return out
+
+
+def cpu_seconds(p) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
+
+
 def snapshot(pid: int | None = None) -> dict:
     """The host and `pid`'s process tree (default this process) now."""
     import psutil
 
-    root = psutil.Process(pid or os.getpid())
-    procs = []
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            with p.oneshot():
-                t = p.cpu_times()
-                procs.append({"pid": p.pid, "name": p.name(), "core": p.cpu_num(),
-                              "affinity": cores(p.cpu_affinity()), "threads": p.num_threads(),
-                              "cpu_s": round(t.user + t.system, 3)})
-        except psutil.Error:  # ended meanwhile
-            continue
+    procs = tree(pid, lambda p: {
+        "pid": p.pid, "name": p.name(), "core": p.cpu_num(), "affinity": cores(p.cpu_affinity()),
+        "threads": p.num_threads(), "cpu_s": round(cpu_seconds(p), 3)})
     freq = psutil.cpu_freq()
     return {"cores": psutil.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
             "loadavg": [round(x, 2) for x in os.getloadavg()],
@@ -75,14 +88,7 @@ def counters(pid: int | None = None) -> dict:
 
     import psutil
 
-    root = psutil.Process(pid or os.getpid())
-    procs = {}
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            procs[p.pid] = t.user + t.system
-        except psutil.Error:
-            continue
+    procs = dict(tree(pid, lambda p: (p.pid, cpu_seconds(p))))
     return {"t": time.perf_counter(), "host": psutil.cpu_times()._asdict(), "procs": procs}
 
 

@@ -23,9 +23,10 @@ afternoon of 2026-12-06: on an H100 at the Qwen3-8B shape and 64 requests the q 
 after, plain 7.78), outputs equal to plain's. The first fixture rows with it on and drafts
 accepted (H100, that evening) ran the policy's q = 16 steps slower in every server with it on
 (median 3.2-4.5 ms at 16 requests, 5.4-6.0 at 64) than in both servers with it off (2.9-3.0,
-3.8-4.8), and their rows 5-15 % below the off servers' at 16 and 64 requests. How a backend
-that only q = 1 steps use slows the q = 16 steps is not found, and six servers do not rule
-out chance, so it stays off until it is (BENCHMARKS.md).
+3.8-4.8), and their rows 5-15 % below the off servers' at 16 and 64 requests. Four more
+servers that night (on / off / on / off) did not repeat it: the second off server ran like the
+on servers, so it was the server starts' spread. It stays off: no gain was measured where drafts
+are accepted (BENCHMARKS.md).
 SGLang is not imported here: the subclass is made from the backend's own class.
 """
 

@@ -82,8 +82,8 @@ def measure_engine(engine, k: int, prompts: list[list[int]], concurrencies: list
     verify round, from each request's `spec_verify_ct`); `spread` > 0: output lengths
     `spread_lengths` around the cells' token count."""
     def serve(ids, new_tokens, c):
-        lens = spread_lengths(len(ids), new_tokens, spread) if spread else new_tokens
-        return closed_loop(engine, ids, lens, c, temperature)
+        return closed_loop(engine, ids, spread_lengths(len(ids), new_tokens, spread), c,
+                           temperature)
 
     def probe():
         def end(done):
