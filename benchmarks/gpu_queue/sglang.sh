@@ -13,7 +13,7 @@
 #   Issue 20 first (DFLASH_ASYNC_PREFILL under staggered arrivals; the fixture's rows with each
 #   server's cores and CPU use recorded, to explain their up-to-70 % start-to-start spread),
 #   then issue 19's:
-#   STEPS="async-prefill-8b adaptive-starts adaptive-t1 adaptive-rep
+#   STEPS="async-prefill-8b adaptive-starts tree-asyncprefill adaptive-t1 adaptive-rep
 #   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
@@ -307,6 +307,15 @@ step async-prefill-8b 600 bash -c 'python3 -m pytest -q -m gpu tests/engines/tes
     --out "$O/on" --config benchmarks/results/gpu-engines/tune-sglang.json; \
     DFLASH_ASYNC_PREFILL=0 python3 benchmarks/gpu_adaptive_sglang.py all $A --modes adaptive \
     --log-level info --out "$O/off" --config benchmarks/results/gpu-engines/tune-sglang.json' "$R"
+# 1j. DFLASH_TREE prefills through DFLASH_ASYNC_PREFILL (default on since 2026-12-06 night) and
+#     had no GPU run with it: its T = 0 outputs beside plain SGLang's on the same prompts
+#     (`report`'s identity column; a difference is checked with greedy_margins.py on CPU)
+step tree-asyncprefill 600 bash -c 'A="--no-prefill-graphs --num-prompts 16 --max-tokens 128 \
+    --concurrency 1 8 --temperatures 0"; D="$0/tree-asyncprefill"; \
+    python3 benchmarks/gpu_engines.py run --engine sglang --mode plain $A --out "$D/plain.json"; \
+    python3 benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 $A \
+    --out "$D/tree32.json"; python3 benchmarks/gpu_engines.py report --inputs "$D/plain.json" "$D/tree32.json" \
+    --out-md "$D/report.md"' "$E"
 # 2. issue 20 in SGLang: one engine per k, the best k per concurrency
 step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
     --target examples/fixtures/code-target --draft examples/fixtures/code-target-dflash-b16 \
