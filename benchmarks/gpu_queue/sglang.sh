@@ -316,6 +316,14 @@ step tree-asyncprefill 600 bash -c 'A="--no-prefill-graphs --num-prompts 16 --ma
     python3 benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 $A \
     --out "$D/tree32.json"; python3 benchmarks/gpu_engines.py report --inputs "$D/plain.json" "$D/tree32.json" \
     --out-md "$D/report.md"' "$E"
+# 1k. (2026-12-06 afternoon) the fixture at 32 requests: plain SGLang 24,984-25,628 tok/s, DFLASH
+#     19,712-20,153, adaptive 21,056-22,314 (0.82-0.89x max). The adaptive server's steady
+#     steps at 32 are 2.07 (q = 1) and 2.67 ms (q = 16, tau 4.36): 52k tok/s if every step were
+#     one of them, so about 60 % of its time is elsewhere (prefills, steps after a batch change).
+#     Where: the scheduler sampled in both servers (then `breakdown` on CPU)
+step profile-32 400 python3 benchmarks/gpu_adaptive_sglang.py profile --modes plain,adaptive \
+    --concurrency 32 --requests-per-slot 8 --out "$R/gpu-adaptive-sglang-profile-32" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
 # 2. issue 20 in SGLang: one engine per k, the best k per concurrency
 step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
     --target examples/fixtures/code-target --draft examples/fixtures/code-target-dflash-b16 \
