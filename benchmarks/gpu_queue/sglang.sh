@@ -6,23 +6,22 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-06 night (that session ran plainattn-ab, adaptive-starts, profile-8b-64
-#   and async-prefill-8b with 128-token requests, on two H100s: BENCHMARKS.md "Server starts,
-#   the plain-step attention again, ..."), most wanted first; every step reads
+# Owed as of 2026-12-06 afternoon (that session ran tree-asyncprefill, adaptive-starts and
+#   async-prefill-8b on one H100: BENCHMARKS.md "Staggered prefills, the fixture's starts with
+#   the host record, DFLASH_TREE with the async prefill"), most wanted first; every step reads
 #   benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the uploaded checkout.
-#   Issue 20 first (DFLASH_ASYNC_PREFILL under staggered arrivals; the fixture's rows with each
-#   server's cores and CPU use recorded, to explain their up-to-70 % start-to-start spread),
-#   then issue 19's:
-#   STEPS="async-prefill-8b adaptive-starts tree-asyncprefill adaptive-t1 adaptive-rep
+#   Issue 20 first (where the fixture's adaptive server spends its time at 32 requests, the
+#   one row below the goal in both starts), then issue 19's:
+#   STEPS="profile-32 adaptive-t1 adaptive-rep
 #   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
 #   replayed its random numbers). Times on an H100 (2026-12-06): staging 10 parts about 45 s and
 #   the install 12 s on a fresh machine (the first engine start compiled little that night),
-#   async-prefill-8b (128-token requests) 385 s, plainattn-ab 381 s, adaptive-starts 543 s,
-#   profile-8b-64 239 s, a warm round-cost 50-120 s, adaptive 235-370 s, adaptive-rep 485 s; one
-#   30-minute session fits about three 8-minute steps, one device call each (10 minutes per
-#   call). The fixtures must be real files or links in examples/fixtures (a checkout sent
+#   async-prefill-8b 385 s, tree-asyncprefill 255 s, adaptive-starts 426-543 s, plainattn-ab
+#   381 s, profile-8b-64 239 s, a warm round-cost 50-120 s, adaptive 235-370 s, adaptive-rep
+#   485 s; one 30-minute session fits about three 8-minute steps, one device call each (10
+#   minutes per call); a machine that does not start costs 1-2 minutes of it. The fixtures must be real files or links in examples/fixtures (a checkout sent
 #   without them holds an empty code-target folder: remove it and link
 #   /tmp/gpu/files/examples/fixtures/* there). The device returns files at most two folders
 #   below $OUT: tar deeper result folders into $OUT.
@@ -320,9 +319,14 @@ step tree-asyncprefill 600 bash -c 'A="--no-prefill-graphs --num-prompts 16 --ma
 #     19,712-20,153, adaptive 21,056-22,314 (0.82-0.89x max). The adaptive server's steady
 #     steps at 32 are 2.07 (q = 1) and 2.67 ms (q = 16, tau 4.36): 52k tok/s if every step were
 #     one of them, so about 60 % of its time is elsewhere (prefills, steps after a batch change).
-#     Where: the scheduler sampled in both servers (then `breakdown` on CPU)
+#     Where: the scheduler sampled in both servers (then `breakdown` on CPU), SGLang's info log
+#     (each prefill batch: its requests, tokens and whether its CUDA graph ran). (The profile
+#     of 2026-12-03 had DFLASH's target prefill eager in 22 % of its samples at 16 requests: the
+#     one-character prompts of that day, padded past the prefill graphs' factor 2; with the dev
+#     prompts the prefill graphs run up to 2,038 tokens, 2026-12-06 logs)
 step profile-32 400 python3 benchmarks/gpu_adaptive_sglang.py profile --modes plain,adaptive \
-    --concurrency 32 --requests-per-slot 8 --out "$R/gpu-adaptive-sglang-profile-32" \
+    --concurrency 32 --requests-per-slot 8 --log-level info \
+    --out "$R/gpu-adaptive-sglang-profile-32" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 # 2. issue 20 in SGLang: one engine per k, the best k per concurrency
 step tune-sglang 600 python3 -m dflash_plugin.cli tune --engine sglang \
