@@ -21,7 +21,8 @@
 #   async-prefill-8b 385 s, tree-asyncprefill 255 s, adaptive-starts 426-543 s, plainattn-ab
 #   381 s, profile-8b-64 239 s, a warm round-cost 50-120 s, adaptive 235-370 s, adaptive-rep
 #   485 s; one 30-minute session fits about three 8-minute steps, one device call each (10
-#   minutes per call); a machine that does not start costs 1-2 minutes of it. The fixtures must be real files or links in examples/fixtures (a checkout sent
+#   minutes per call); a machine that does not start costs 1-2 minutes of it. The fixtures
+#   must be real files or links in examples/fixtures (a checkout sent
 #   without them holds an empty code-target folder: remove it and link
 #   /tmp/gpu/files/examples/fixtures/* there). The device returns files at most two folders
 #   below $OUT: tar deeper result folders into $OUT.
