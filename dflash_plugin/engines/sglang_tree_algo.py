@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, require
 from ..tree import capacity
+from .sglang_decode_prep import mode as decode_prep_mode
 from .sglang_prefill import enabled as async_prefill_enabled
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ def validate_server_args(server_args) -> None:
                                     getattr(sa, "speculative_eagle_topk", None), block,
                                     device="cuda"))
     async_prefill_enabled()  # DFLASH_ASYNC_PREFILL: a bad value fails at launch
+    decode_prep_mode()  # DFLASH_FAST_DECODE_PREP too
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     from .sglang_checks import check_draft_for_sglang

@@ -1,0 +1,79 @@
+"""`engines.sglang_decode_prep` without SGLang: the DFLASH_FAST_DECODE_PREP switch, its refusal
+at launch, and `plan`'s numbers against a loop written as DFLASH's method reads. That the hook's
+work equals SGLang 0.5.16's own `DFlashDraftInputV2.prepare_for_decode` is checked in
+`sglang_env/checks_decode_prep.py`."""
+
+import types
+
+import pytest
+
+from dflash_plugin.engines.sglang_decode_prep import mode, plan
+from dflash_plugin.errors import ConfigError
+
+
+def test_flag_values():
+    """Unset or blank is 0; 0, 1 and check pass; anything else a ConfigError naming the
+    variable and the allowed values."""
+    assert mode({}) == "0" and mode({"DFLASH_FAST_DECODE_PREP": " "}) == "0"
+    for v in ("0", "1", "check", "CHECK"):
+        assert mode({"DFLASH_FAST_DECODE_PREP": v}) == v.lower()
+    with pytest.raises(ConfigError, match="DFLASH_FAST_DECODE_PREP.*0, 1 or check.*'yes'"):
+        mode({"DFLASH_FAST_DECODE_PREP": "yes"})
+
+
+@pytest.mark.parametrize("module", ["sglang_adaptive", "sglang_tree_algo"])
+def test_a_bad_flag_fails_the_launch(monkeypatch, module):
+    """Both algorithms' launch-time validators read the switch: a bad value is refused before
+    any engine work (server args stand-in: the validators fail before reading past it)."""
+    import importlib
+
+    mod = importlib.import_module(f"dflash_plugin.engines.{module}")
+    monkeypatch.setenv("DFLASH_FAST_DECODE_PREP", "2")
+    if module == "sglang_adaptive":
+        monkeypatch.setattr(mod, "max_block", lambda sa: 16)
+        monkeypatch.setattr(mod, "load_step_times", lambda path, w: {})
+        args = object()
+    else:
+        monkeypatch.setattr(mod, "_drafter_block_size", lambda d: 16)
+        args = types.SimpleNamespace(speculative_draft_model_path="d",
+                                     speculative_dflash_block_size=16,
+                                     speculative_num_draft_tokens=32, speculative_eagle_topk=4)
+    with pytest.raises(ConfigError, match="DFLASH_FAST_DECODE_PREP"):
+        mod.validate_server_args(args)
+
+
+def req(committed, allocated, top_k):
+    return types.SimpleNamespace(kv_committed_len=committed,
+                                 kv=types.SimpleNamespace(kv_allocated_len=allocated),
+                                 sampling_params=types.SimpleNamespace(top_k=top_k))
+
+
+def loop_reference(reqs, w):
+    """DFLASH's method's loop, request by request (SGLang 0.5.16, `dflash_info_v2.py`)."""
+    out = {"committed": [], "allocated": [], "reserved": [], "needed": 0, "max_top_k": 1}
+    uniform, first = True, None
+    for i, r in enumerate(reqs):
+        c, a = int(r.kv_committed_len), int(r.kv.kv_allocated_len)
+        res = max(a, c + 2 * w)
+        out["committed"].append(c)
+        out["allocated"].append(a)
+        out["reserved"].append(res)
+        out["needed"] += res - a
+        out["max_top_k"] = max(out["max_top_k"], int(r.sampling_params.top_k))
+        if i == 0:
+            first = int(r.sampling_params.top_k)
+        elif int(r.sampling_params.top_k) != first:
+            uniform = False
+    out["uniform_top_k"] = first if uniform else None
+    return out
+
+
+@pytest.mark.parametrize("w", [1, 16, 32])
+def test_plan_equals_the_loop(w):
+    """Reserved = max(allocated, committed + 2 W); a request already reserved far enough needs
+    nothing; top-k -1 (off) leaves the maximum at 1; mixed top-k is not uniform."""
+    cases = [[req(10, 10, 1)], [req(5, 200, -1), req(7, 7, -1)],
+             [req(3, 40, 20), req(90, 120, 1), req(0, 0, 20)], [req(i, i + 3 * i % 50, 5)
+                                                              for i in range(64)]]
+    for reqs in cases:
+        assert plan(reqs, w) == loop_reference(reqs, w)
