@@ -10,9 +10,10 @@
 #   async-prefill-8b on one H100: BENCHMARKS.md "Staggered prefills, the fixture's starts with
 #   the host record, DFLASH_TREE with the async prefill"), most wanted first; every step reads
 #   benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the uploaded checkout.
-#   Issue 20 first (where the fixture's adaptive server spends its time at 32 requests, the
-#   one row below the goal in both starts), then issue 19's:
-#   STEPS="profile-32 adaptive-t1 adaptive-rep
+#   Issue 20 first (the decode-step preparation without DFLASH's per-step buffers, checked then
+#   timed; where the fixture's adaptive server spends its time at 32 requests, the one row
+#   below the goal in both starts), then issue 19's:
+#   STEPS="decode-prep-bench decode-prep-check decode-prep-ab profile-32 adaptive-t1 adaptive-rep
 #   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
@@ -316,6 +317,26 @@ step tree-asyncprefill 600 bash -c 'A="--no-prefill-graphs --num-prompts 16 --ma
     python3 benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 $A \
     --out "$D/tree32.json"; python3 benchmarks/gpu_engines.py report --inputs "$D/plain.json" "$D/tree32.json" \
     --out-md "$D/report.md"' "$E"
+# 1l. DFLASH_FAST_DECODE_PREP (`engines/sglang_decode_prep.py`, never run on a GPU; off by
+#     default): DFLASH's per-step `prepare_for_decode` without its five fresh length buffers and
+#     its per-request tensor writes (CPU host: 35-73 against 109-349 us per call at 16-64
+#     requests). Its host time per call beside DFLASH's on this host (no engine; seconds), the
+#     fixture's adaptive server in check mode (DFLASH's method runs every step and is compared;
+#     a difference raises in the server), then adaptive servers off / on / off / on at 16, 32
+#     and 64 requests, 3 repeats each (the 32-request row is the one under the goal)
+step decode-prep-bench 120 python3 benchmarks/decode_prep_bench.py --device cuda \
+    --out "$R/decode-prep/bench.json"
+step decode-prep-check 400 env DFLASH_FAST_DECODE_PREP=check python3 \
+    benchmarks/gpu_adaptive_sglang.py all --modes adaptive --concurrency 1,32 \
+    --out "$R/decode-prep/check" --config benchmarks/results/gpu-engines/tune-sglang.json
+if grep -q "^decode-prep-check rc=[1-9]" "$R/queue.log"; then
+  echo "fast decode prep failed its check: its timed step skipped" | tee -a "$R/queue.log"
+else
+  step decode-prep-ab 600 bash -c 'for p in 0 1 0 1; do n=$((n + 1)); \
+      DFLASH_FAST_DECODE_PREP=$p python3 benchmarks/gpu_adaptive_sglang.py all \
+      --modes adaptive --concurrency 16,32,64 --repeats 3 --out "$0/decode-prep/$n-fp$p" \
+      --config benchmarks/results/gpu-engines/tune-sglang.json; done' "$R"
+fi
 # 1k. (2026-12-06 afternoon) the fixture at 32 requests: plain SGLang 24,984-25,628 tok/s, DFLASH
 #     19,712-20,153, adaptive 21,056-22,314 (0.82-0.89x max). The adaptive server's steady
 #     steps at 32 are 2.07 (q = 1) and 2.67 ms (q = 16, tau 4.36): 52k tok/s if every step were
