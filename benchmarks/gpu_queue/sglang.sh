@@ -6,14 +6,15 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-06 afternoon (that session ran tree-asyncprefill, adaptive-starts and
-#   async-prefill-8b on one H100: BENCHMARKS.md "Staggered prefills, the fixture's starts with
-#   the host record, DFLASH_TREE with the async prefill"), most wanted first; every step reads
+# Owed as of 2026-12-06 afternoon (that session ran tree-asyncprefill, adaptive-starts,
+#   async-prefill-8b and, on a second H100, decode-prep-bench: BENCHMARKS.md "Staggered
+#   prefills, the fixture's starts with the host record, DFLASH_TREE with the async prefill"
+#   and "DFLASH's decode-step preparation"), most wanted first; every step reads
 #   benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the uploaded checkout.
 #   Issue 20 first (the decode-step preparation without DFLASH's per-step buffers, checked then
 #   timed; where the fixture's adaptive server spends its time at 32 requests, the one row
 #   below the goal in both starts), then issue 19's:
-#   STEPS="decode-prep-bench decode-prep-check decode-prep-ab profile-32 adaptive-t1 adaptive-rep
+#   STEPS="decode-prep-check decode-prep-ab profile-32 adaptive-t1 adaptive-rep
 #   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
@@ -320,7 +321,8 @@ step tree-asyncprefill 600 bash -c 'A="--no-prefill-graphs --num-prompts 16 --ma
 # 1l. DFLASH_FAST_DECODE_PREP (`engines/sglang_decode_prep.py`, never run on a GPU; off by
 #     default): DFLASH's per-step `prepare_for_decode` without its five fresh length buffers and
 #     its per-request tensor writes (CPU host: 35-73 against 109-349 us per call at 16-64
-#     requests). Its host time per call beside DFLASH's on this host (no engine; seconds), the
+#     requests; H100 host 2026-12-06 afternoon, `decode-prep-bench`: 107 / 142 / 214 against
+#     372 / 638 / 1,196 us). Its host time per call beside DFLASH's on this host (seconds), the
 #     fixture's adaptive server in check mode (DFLASH's method runs every step and is compared;
 #     a difference raises in the server), then adaptive servers off / on / off / on at 16, 32
 #     and 64 requests, 3 repeats each (the 32-request row is the one under the goal)
