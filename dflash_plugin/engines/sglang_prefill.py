@@ -13,9 +13,11 @@ sync debug mode) and that `prefill` has none.
 Measured (H100, SGLang 0.5.16, Qwen3-8B shape, 2026-12-06, BENCHMARKS.md): no change in the rows
 of `benchmarks/gpu_adaptive_sglang.py` (adaptive 1,875 / 3,873 tok/s at 16 / 64 requests with it,
 1,876 / 3,872 without; with it, the greedy outputs equal plain's on 16 / 16 prompts), whose
-requests all generate 128 tokens and so arrive in a few waves, a few prefills per row. On by
-default: it removes a wait and changes no output; rows with staggered arrivals, a prefill every
-few steps, are owed.
+requests all generate 128 tokens and so arrive in a few waves, a few prefills per row. With
+outputs of 64-192 tokens (`--length-spread 0.5`: a request finishes and one is prefilled every
+few steps, as in serving) it was worth +2.1 / +1.9 %: adaptive 1,559 / 4,244 tok/s with it,
+1,527 / 4,166 without, plain 1,597 / 4,169 (H100, same afternoon). On by default: it removes a
+wait and changes no output (greedy outputs equal plain's, 16 / 16, both ways).
 
 `prefill` does the same work in the same stream order: the target's prefill capturing DFLASH's
 hidden states, the prompt's rows appended to the drafter's KV at the prompt's slots (the
