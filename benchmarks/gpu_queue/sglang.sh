@@ -343,13 +343,14 @@ fi
 #     19,712-20,153, adaptive 21,056-22,314 (0.82-0.89x max). The adaptive server's steady
 #     steps at 32 are 2.07 (q = 1) and 2.67 ms (q = 16, tau 4.36): 52k tok/s if every step were
 #     one of them, so about 60 % of its time is elsewhere (prefills, steps after a batch change).
-#     Where: the scheduler sampled in both servers (then `breakdown` on CPU), SGLang's info log
-#     (each prefill batch: its requests, tokens and whether its CUDA graph ran). (The profile
+#     Where: the scheduler sampled in each server, DFLASH's too (then `breakdown` on CPU),
+#     SGLang's info log (each prefill batch: its requests, tokens and whether its CUDA graph
+#     ran). (The profile
 #     of 2026-12-03 had DFLASH's target prefill eager in 22 % of its samples at 16 requests: the
 #     one-character prompts of that day, padded past the prefill graphs' factor 2; with the dev
 #     prompts the prefill graphs run up to 2,038 tokens, 2026-12-06 logs)
-step profile-32 400 python3 benchmarks/gpu_adaptive_sglang.py profile --modes plain,adaptive \
-    --concurrency 32 --requests-per-slot 8 --log-level info \
+step profile-32 500 python3 benchmarks/gpu_adaptive_sglang.py profile \
+    --modes plain,dflash,adaptive --concurrency 32 --requests-per-slot 8 --log-level info \
     --out "$R/gpu-adaptive-sglang-profile-32" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 # 2. issue 20 in SGLang: one engine per k, the best k per concurrency
