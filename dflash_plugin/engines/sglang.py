@@ -22,11 +22,12 @@ def register() -> None:
     """The `sglang.srt.plugins` entry point `dflash_plugin` (loaded by SGLang's launcher, engine,
     scheduler and detokenizer; SGLang's loader logs a failure). Idempotent: registers the
     speculative algorithms DFLASH_TREE (with its CUDA-graph capture hook) and DFLASH_ADAPTIVE
-    once, and with `DFLASH_FAST_DECODE_PREP` on their decode-step preparation hook
-    (`sglang_decode_prep`)."""
+    once, and with `DFLASH_FAST_DECODE_PREP` / `DFLASH_BATCH_ADMISSION` on their decode-step
+    preparation and admission hooks (`sglang_decode_prep`, `sglang_admission`)."""
     from . import (
         sglang_adaptive,
         sglang_adaptive_worker,
+        sglang_admission,
         sglang_decode_prep,
         sglang_tree_algo,
         sglang_tree_hooks,
@@ -37,3 +38,4 @@ def register() -> None:
         sglang_tree_hooks.register_hooks()
     sglang_adaptive.register(sglang_adaptive_worker.worker_factory)
     sglang_decode_prep.register_hook()  # DFLASH_FAST_DECODE_PREP (both algorithms)
+    sglang_admission.register_hook()  # DFLASH_BATCH_ADMISSION (both algorithms)

@@ -22,6 +22,7 @@ from ..adaptive import AdaptiveConfig
 from ..errors import ConfigError, require
 from ..tune import Cell, by_concurrency, round_ms
 from .sglang_adaptive_defer import capacity_from_env
+from .sglang_admission import size_from_env as admission_size
 from .sglang_decode_prep import mode as decode_prep_mode
 from .sglang_plain_attention import enabled as plain_attention_enabled
 from .sglang_prefill import enabled as async_prefill_enabled
@@ -106,6 +107,7 @@ def validate_server_args(server_args) -> None:
     plain_attention_enabled()
     async_prefill_enabled()
     decode_prep_mode()
+    admission_size()
     topk = getattr(sa, "speculative_eagle_topk", None)
     require(topk in (None, 1), "speculative_eagle_topk", f"{NAME} drafts one path: 1, got {topk}")
     for flag, ok, allowed in [

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, require
 from ..tree import capacity
+from .sglang_admission import size_from_env as admission_size
 from .sglang_decode_prep import mode as decode_prep_mode
 from .sglang_prefill import enabled as async_prefill_enabled
 
@@ -105,6 +106,7 @@ def validate_server_args(server_args) -> None:
                                     device="cuda"))
     async_prefill_enabled()  # DFLASH_ASYNC_PREFILL: a bad value fails at launch
     decode_prep_mode()  # DFLASH_FAST_DECODE_PREP too
+    admission_size()  # and DFLASH_BATCH_ADMISSION
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     from .sglang_checks import check_draft_for_sglang

@@ -6,7 +6,8 @@ registration and ServerArgs run in `sglang_env/checks_tree.py` (the worker's con
 0.5.16: `checks_tree_worker.py`, its host plan `checks_tree_plan.py`, its greedy acceptance in
 one graph `checks_tree_accept.py`, at T > 0 `checks_tree_sample.py`; DFLASH_ADAPTIVE:
 `checks_adaptive.py`, `checks_adaptive_defer.py`, `checks_adaptive_attention.py`,
-`checks_adaptive_prefill.py`; both workers' decode-step preparation `checks_decode_prep.py`):
+`checks_adaptive_prefill.py`; both workers' decode-step preparation `checks_decode_prep.py` and
+admission `checks_admission.py`):
 in the 0.5.23 env through `test_sglang.py` (its `checks*.py` glob), in the 0.5.16 env here
 (`test_in_sglang_0_5_16`).
 """
@@ -27,7 +28,8 @@ CHECKS = [ROOT / "tests" / "engines" / "sglang_env" / f"{name}.py"
           for name in ("checks_tree", "checks_tree_worker", "checks_tree_plan",
                        "checks_tree_fa3", "checks_tree_accept", "checks_tree_sample",
                        "checks_adaptive", "checks_adaptive_defer", "checks_adaptive_attention",
-                       "checks_adaptive_prefill", "checks_decode_prep")]
+                       "checks_adaptive_prefill", "checks_decode_prep",
+                       "checks_admission")]
 FIX = ROOT / "examples" / "fixtures"
 
 
