@@ -11,10 +11,10 @@
 #   prefills, the fixture's starts with the host record, DFLASH_TREE with the async prefill"
 #   and "DFLASH's decode-step preparation"), most wanted first; every step reads
 #   benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the uploaded checkout.
-#   Issue 20 first (the decode-step preparation without DFLASH's per-step buffers, checked then
-#   timed; where the fixture's adaptive server spends its time at 32 requests, the one row
-#   below the goal in both starts), then issue 19's:
-#   STEPS="decode-prep-check decode-prep-ab profile-32 adaptive-t1 adaptive-rep
+#   Issue 20 first (admissions batched below full load; the decode-step preparation without
+#   DFLASH's per-step buffers, checked then timed; where the fixture's adaptive server spends
+#   its time at 32 requests, the one row below the goal in both starts), then issue 19's:
+#   STEPS="admission-ab decode-prep-check decode-prep-ab profile-32 adaptive-t1 adaptive-rep
 #   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
@@ -339,6 +339,16 @@ else
       --modes adaptive --concurrency 16,32,64 --repeats 3 --out "$0/decode-prep/$n-fp$p" \
       --config benchmarks/results/gpu-engines/tune-sglang.json; done' "$R"
 fi
+# 1m. DFLASH_BATCH_ADMISSION (`engines/sglang_admission.py`, never run on a GPU; off by
+#     default): new prefills held (at most K passes) until K requests wait, below full load too
+#     (SGLang holds DFLASH's only at full load). The fixture's 32-request row had about one
+#     prefill pass per decode step and was the one under the goal; 64 of 64 (SGLang's hold
+#     active) met it. Adaptive servers off / auto / off / auto at 16, 32 and 64 requests, 3
+#     repeats each, SGLang's info log (the prefill lines show the admissions' sizes)
+step admission-ab 600 bash -c 'for a in 0 auto 0 auto; do n=$((n + 1)); \
+    DFLASH_BATCH_ADMISSION=$a python3 benchmarks/gpu_adaptive_sglang.py all --modes adaptive \
+    --concurrency 16,32,64 --repeats 3 --log-level info --out "$0/admission/$n-$a" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json; done' "$R"
 # 1k. (2026-12-06 afternoon) the fixture at 32 requests: plain SGLang 24,984-25,628 tok/s, DFLASH
 #     19,712-20,153, adaptive 21,056-22,314 (0.82-0.89x max). The adaptive server's steady
 #     steps at 32 are 2.07 (q = 1) and 2.67 ms (q = 16, tau 4.36): 52k tok/s if every step were
