@@ -1,8 +1,7 @@
-"""`engines.sglang_admission` without SGLang: the DFLASH_BATCH_ADMISSION switch, its refusal at
-launch, and the holding rule. The hook against SGLang 0.5.16's scheduler types is checked in
-`sglang_env/checks_admission.py`."""
+"""`engines.sglang_admission` without SGLang: the DFLASH_BATCH_ADMISSION switch and the holding
+rule (its refusal at launch: `test_sglang_launch_flags.py`). The hook against SGLang 0.5.16's
+scheduler types is checked in `sglang_env/checks_admission.py`."""
 
-import types
 
 import pytest
 
@@ -19,25 +18,6 @@ def test_flag_values():
     for bad in ("1", "-2", "yes", "2.5"):
         with pytest.raises(ConfigError, match="DFLASH_BATCH_ADMISSION.*auto or an integer >= 2"):
             size_from_env({"DFLASH_BATCH_ADMISSION": bad})
-
-
-@pytest.mark.parametrize("module", ["sglang_adaptive", "sglang_tree_algo"])
-def test_a_bad_flag_fails_the_launch(monkeypatch, module):
-    import importlib
-
-    mod = importlib.import_module(f"dflash_plugin.engines.{module}")
-    monkeypatch.setenv("DFLASH_BATCH_ADMISSION", "1")
-    if module == "sglang_adaptive":
-        monkeypatch.setattr(mod, "max_block", lambda sa: 16)
-        monkeypatch.setattr(mod, "load_step_times", lambda path, w: {})
-        args = object()
-    else:
-        monkeypatch.setattr(mod, "_drafter_block_size", lambda d: 16)
-        args = types.SimpleNamespace(speculative_draft_model_path="d",
-                                     speculative_dflash_block_size=16,
-                                     speculative_num_draft_tokens=32, speculative_eagle_topk=4)
-    with pytest.raises(ConfigError, match="DFLASH_BATCH_ADMISSION"):
-        mod.validate_server_args(args)
 
 
 def test_sglang_size_is_its_formula():

@@ -1,7 +1,7 @@
-"""`engines.sglang_decode_prep` without SGLang: the DFLASH_FAST_DECODE_PREP switch, its refusal
-at launch, and `plan`'s numbers against a loop written as DFLASH's method reads. That the hook's
-work equals SGLang 0.5.16's own `DFlashDraftInputV2.prepare_for_decode` is checked in
-`sglang_env/checks_decode_prep.py`."""
+"""`engines.sglang_decode_prep` without SGLang: the DFLASH_FAST_DECODE_PREP switch (its refusal
+at launch: `test_sglang_launch_flags.py`) and `plan`'s numbers against a loop written as DFLASH's
+method reads. That the hook's work equals SGLang 0.5.16's own
+`DFlashDraftInputV2.prepare_for_decode` is checked in `sglang_env/checks_decode_prep.py`."""
 
 import types
 
@@ -19,27 +19,6 @@ def test_flag_values():
         assert mode({"DFLASH_FAST_DECODE_PREP": v}) == v.lower()
     with pytest.raises(ConfigError, match="DFLASH_FAST_DECODE_PREP.*0, 1 or check.*'yes'"):
         mode({"DFLASH_FAST_DECODE_PREP": "yes"})
-
-
-@pytest.mark.parametrize("module", ["sglang_adaptive", "sglang_tree_algo"])
-def test_a_bad_flag_fails_the_launch(monkeypatch, module):
-    """Both algorithms' launch-time validators read the switch: a bad value is refused before
-    any engine work (server args stand-in: the validators fail before reading past it)."""
-    import importlib
-
-    mod = importlib.import_module(f"dflash_plugin.engines.{module}")
-    monkeypatch.setenv("DFLASH_FAST_DECODE_PREP", "2")
-    if module == "sglang_adaptive":
-        monkeypatch.setattr(mod, "max_block", lambda sa: 16)
-        monkeypatch.setattr(mod, "load_step_times", lambda path, w: {})
-        args = object()
-    else:
-        monkeypatch.setattr(mod, "_drafter_block_size", lambda d: 16)
-        args = types.SimpleNamespace(speculative_draft_model_path="d",
-                                     speculative_dflash_block_size=16,
-                                     speculative_num_draft_tokens=32, speculative_eagle_topk=4)
-    with pytest.raises(ConfigError, match="DFLASH_FAST_DECODE_PREP"):
-        mod.validate_server_args(args)
 
 
 def req(committed, allocated, top_k):

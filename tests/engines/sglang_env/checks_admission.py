@@ -4,7 +4,6 @@
 real one needs a GPU worker) with the members the hook reads; the hooked method's signature and
 the plan type are SGLang's own."""
 
-import collections
 import inspect
 import types
 
@@ -98,13 +97,8 @@ def test_hook_leaves_others_alone(monkeypatch):
 
 @OLD_ONLY
 def test_the_hook_is_installed_only_when_on(monkeypatch):
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
     from dflash_plugin.engines import sglang_admission as sa
+    from tests.engines.sglang_env.hooks import assert_installed_only_when_on
 
-    monkeypatch.setattr(HookRegistry, "_hooks", collections.defaultdict(list))
-    monkeypatch.setenv("DFLASH_BATCH_ADMISSION", "0")
-    assert not sa.register_hook() and sa.TARGET not in HookRegistry._hooks
-    monkeypatch.setenv("DFLASH_BATCH_ADMISSION", "auto")
-    assert sa.register_hook() and sa.register_hook()
-    assert [h for _, h, _ in HookRegistry._hooks[sa.TARGET]] == [sa.around_get_new_batch_prefill]
+    assert_installed_only_when_on(monkeypatch, sa, sa.around_get_new_batch_prefill,
+                                  "DFLASH_BATCH_ADMISSION", "auto")

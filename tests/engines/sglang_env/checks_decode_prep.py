@@ -176,17 +176,9 @@ def test_check_raises_on_a_difference(sglang_stand_ins):
 
 @OLD_ONLY
 def test_the_hook_is_installed_only_when_on(monkeypatch):
-    """`register_hook` with the switch at 0 installs nothing (DFLASH's method runs untouched);
-    at 1 it installs the AROUND hook on DFLASH's method once."""
-    import collections
-
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
+    """At 0 DFLASH's method runs untouched; at 1 the AROUND hook is on it once."""
     from dflash_plugin.engines import sglang_decode_prep as dp
+    from tests.engines.sglang_env.hooks import assert_installed_only_when_on
 
-    monkeypatch.setattr(HookRegistry, "_hooks", collections.defaultdict(list))
-    monkeypatch.setenv("DFLASH_FAST_DECODE_PREP", "0")
-    assert not dp.register_hook() and dp.TARGET not in HookRegistry._hooks
-    monkeypatch.setenv("DFLASH_FAST_DECODE_PREP", "1")
-    assert dp.register_hook() and dp.register_hook()
-    assert [h for _, h, _ in HookRegistry._hooks[dp.TARGET]] == [dp.around_prepare]
+    assert_installed_only_when_on(monkeypatch, dp, dp.around_prepare,
+                                  "DFLASH_FAST_DECODE_PREP", "1")
