@@ -35,6 +35,14 @@ def test_the_hooked_method_is_sglangs():
     assert list(NextBatchPlan.__struct_fields__) == ["batch_to_run", "running_batch"]
     for n in (8, 12, 13, 18, 19, 64, 256):
         assert resolve_min_free_slots(None, n, is_dflash_family=True) == sglang_size(n)
+    # the members the hook reads (the stand-in scheduler below has them): SGLang's pass reads
+    # the same ones
+    raw = inspect.getsource(Scheduler._get_new_batch_prefill_raw)
+    for member in ("self.waiting_queue", "self.chunked_req", "self.get_num_allocatable_reqs(",
+                   "running_batch.batch_is_full"):
+        assert member in raw, member
+    assert "self.max_running_requests" in inspect.getsource(Scheduler)
+    assert callable(Scheduler.get_num_allocatable_reqs)
 
 
 def scheduler(name, waiting, running_bs=32, max_running=64, chunked=None):
