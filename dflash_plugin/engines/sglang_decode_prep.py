@@ -15,7 +15,7 @@ millisecond is a millisecond of the step.
 
 `prepare_for_decode` computes the same numbers from Python lists in one pass, makes the three
 host tensors in one call each and sends the two length vectors to the device with asynchronous
-copies from pageable memory (staged at once; nothing waits for the GPU: `sglang_prefill`'s
+copies from pageable memory (staged at once; nothing waits for the GPU, as `sglang_prefill`'s
 `lengths_on`), then calls the same `alloc_for_spec_decode` with the same arguments, on the same
 plan stream when SGLang uses one. The batch and the draft input end up with what DFLASH's method
 leaves: `seq_lens_cpu` (int64), `seq_lens_sum`, `reserved_seq_lens_cpu` (int32),
@@ -38,7 +38,6 @@ import os
 import torch
 
 from ..errors import ConfigError
-from .sglang_prefill import lengths_on
 
 ENV = "DFLASH_FAST_DECODE_PREP"
 TARGET = "sglang.srt.speculative.dflash_info_v2.DFlashDraftInputV2.prepare_for_decode"
@@ -100,8 +99,8 @@ def prepare_for_decode(draft_input, batch) -> None:
         dv2.alloc_for_spec_decode(
             batch.tree_cache, batch.req_to_token_pool, reqs=reqs,
             req_pool_indices=batch.req_pool_indices,
-            cur_kv_lens=lengths_on(p["allocated"], batch.device), cur_kv_lens_cpu=cur_cpu,
-            nxt_kv_lens=lengths_on(p["reserved"], batch.device), nxt_kv_lens_cpu=nxt_cpu,
+            cur_kv_lens=cur_cpu.to(batch.device, non_blocking=True), cur_kv_lens_cpu=cur_cpu,
+            nxt_kv_lens=nxt_cpu.to(batch.device, non_blocking=True), nxt_kv_lens_cpu=nxt_cpu,
             num_needed_tokens=p["needed"], batch=batch)
     if caller is not None:
         caller.wait_stream(plan_stream)
