@@ -68,3 +68,28 @@ def test_row_counters_see_a_busy_child():
     assert 0 < row["busy"] <= 1 and 0 <= row["steal"] < 1
     line = host_line({"after_rows": after, "cpu_use": {}, "rows": [dict(row="r", **row)]})
     assert "rows: steal up to" in line and "busiest process" in line
+
+
+def test_gpu_busy_mean_and_no_driver(monkeypatch):
+    """`gpu_busy`: a row's mean is over the samples stamped inside it only; without NVML (CI has
+    no driver) the samples are None, the row's `gpu_busy` None and the line leaves it out."""
+    with on_bench_path():
+        from bench import gpu_busy
+        from bench.host_snapshot import host_line, interval
+
+    samples = [(100, 90), (200, 20), (300, 40), (400, 100)]
+    assert gpu_busy.mean_busy(samples, 100, 300) == 0.3  # 20 % and 40 %, not the 90 % at 100
+    assert gpu_busy.mean_busy(samples, 400, 500) is None and gpu_busy.mean_busy(None, 0, 9) is None
+    monkeypatch.setitem(gpu_busy._NVML, "dev", None)  # as where libnvidia-ml.so.1 is absent
+    assert gpu_busy.samples_since(gpu_busy.now_us()) is None
+    host = {"user": 1.0, "idle": 1.0}
+    a = {"t": 0.0, "host": host, "procs": {}, "gpu_us": 100, "gpu_samples": None}
+    b = {"t": 1.0, "host": {"user": 2.0, "idle": 2.0}, "procs": {}, "gpu_us": 300,
+         "gpu_samples": samples}
+    assert interval(a, b)["gpu_busy"] == 0.3
+    assert interval(a, dict(b, gpu_samples=None))["gpu_busy"] is None
+    after = {"loadavg": [0.5, 0, 0], "mhz": 2000, "gpu": None, "procs": []}
+    rows = [dict(row="r", **interval(a, b)), dict(row="s", **interval(a, dict(b, gpu_samples=[])))]
+    assert "GPU busy 30%-30%; " in host_line({"after_rows": after, "rows": rows})
+    rows = [dict(row="r", **interval(a, dict(b, gpu_samples=None)))]
+    assert "GPU busy" not in host_line({"after_rows": after, "rows": rows})

@@ -88,14 +88,21 @@ def counters(pid: int | None = None) -> dict:
 
     import psutil
 
+    from .gpu_busy import now_us, samples_since
+
     procs = dict(tree(pid, lambda p: (p.pid, cpu_seconds(p))))
-    return {"t": time.perf_counter(), "host": psutil.cpu_times()._asdict(), "procs": procs}
+    t_us = now_us()  # with the GPU's utilisation samples of the last 60 s (a row's: `interval`)
+    return {"t": time.perf_counter(), "host": psutil.cpu_times()._asdict(), "procs": procs,
+            "gpu_us": t_us, "gpu_samples": samples_since(t_us - 60_000_000)}
 
 
 def interval(a: dict, b: dict) -> dict:
     """Between two `counters`: the wall seconds, the share of the host's CPU time busy and
-    stolen by the hypervisor (a virtual machine's neighbours), and the most cores any one
-    process of the tree used (the host-bound scheduler: about 1.0)."""
+    stolen by the hypervisor (a virtual machine's neighbours), the most cores any one
+    process of the tree used (the scheduler: about 1.0, as it spins while it waits) and the
+    GPU's mean busy share from the driver's samples (`gpu_busy`; None without them)."""
+    from .gpu_busy import mean_busy
+
     total = sum(b["host"].values()) - sum(a["host"].values())
     d = {k: b["host"][k] - a["host"].get(k, 0.0) for k in b["host"]}
     wall = b["t"] - a["t"]
@@ -105,7 +112,8 @@ def interval(a: dict, b: dict) -> dict:
     return {"wall_s": round(wall, 3),
             "busy": round(1 - idle / total, 3) if total > 0 else None,
             "steal": round(d.get("steal", 0.0) / total, 4) if total > 0 else None,
-            "top_proc_cores": round(top / wall, 3) if wall > 0 else None}
+            "top_proc_cores": round(top / wall, 3) if wall > 0 else None,
+            "gpu_busy": mean_busy(b.get("gpu_samples"), a.get("gpu_us", 0), b.get("gpu_us", 0))}
 
 
 def host_line(host: dict | None) -> str:
@@ -118,7 +126,10 @@ def host_line(host: dict | None) -> str:
             for p in after["procs"] if use.get(k := f"{p['name']} {p['pid']}", 0) > 0.05]
     gpu = f"GPU {after['gpu']}; " if after.get("gpu") else ""
     rows = [r for r in host.get("rows", []) if r.get("steal") is not None]
+    gpu_rows = [r["gpu_busy"] for r in rows if r.get("gpu_busy") is not None]
     per_row = (f"rows: steal up to {max(r['steal'] for r in rows):.1%}, busiest process "
                f"{min(r['top_proc_cores'] for r in rows):.2f}-"
-               f"{max(r['top_proc_cores'] for r in rows):.2f} cores; ") if rows else ""
+               f"{max(r['top_proc_cores'] for r in rows):.2f} cores"
+               + (f", GPU busy {min(gpu_rows):.0%}-{max(gpu_rows):.0%}" if gpu_rows else "")
+               + "; ") if rows else ""
     return f"load {after['loadavg'][0]}, {after['mhz']} MHz; {gpu}{per_row}" + "; ".join(busy)
