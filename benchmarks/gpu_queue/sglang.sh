@@ -6,15 +6,13 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-06 afternoon (that session ran tree-asyncprefill, adaptive-starts,
-#   async-prefill-8b and, on a second H100, decode-prep-bench: BENCHMARKS.md "Staggered
-#   prefills, the fixture's starts with the host record, DFLASH_TREE with the async prefill"
-#   and "DFLASH's decode-step preparation"), most wanted first; every step reads
+# Owed as of 2026-12-06 evening (that session ran admission-goal, decode-prep-check,
+#   decode-prep-ab and profile-32: BENCHMARKS.md "Batched admissions and the fast decode-step
+#   preparation in the server"), most wanted first; every step reads
 #   benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the uploaded checkout.
-#   Issue 20 first (admissions batched below full load; the decode-step preparation without
-#   DFLASH's per-step buffers, checked then timed; where the fixture's adaptive server spends
-#   its time at 32 requests, the one row below the goal in both starts), then issue 19's:
-#   STEPS="admission-ab decode-prep-check decode-prep-ab profile-32 adaptive-t1 adaptive-rep
+#   Issue 20 first (is the fixture's 32-request row, the one under the goal, host-bound or
+#   GPU-bound: the GPU's busy share per row), then issue 19's:
+#   STEPS="gpu-busy-check busy-32 adaptive-t1 adaptive-rep
 #   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
@@ -22,7 +20,8 @@
 #   the install 12 s on a fresh machine (the first engine start compiled little that night),
 #   async-prefill-8b 385 s, tree-asyncprefill 255 s, adaptive-starts 426-543 s, plainattn-ab
 #   381 s, profile-8b-64 239 s, a warm round-cost 50-120 s, adaptive 235-370 s, adaptive-rep
-#   485 s; one 30-minute session fits about three 8-minute steps, one device call each (10
+#   485 s, admission-goal 415 s, decode-prep-check 58 s, decode-prep-ab 306 s, profile-32
+#   156 s; one 30-minute session fits about three 8-minute steps, one device call each (10
 #   minutes per call); a machine that does not start costs 1-2 minutes of it. The fixtures
 #   must be real files or links in examples/fixtures (a checkout sent
 #   without them holds an empty code-target folder: remove it and link
@@ -325,7 +324,8 @@ step tree-asyncprefill 600 bash -c 'A="--no-prefill-graphs --num-prompts 16 --ma
 #     372 / 638 / 1,196 us). Its host time per call beside DFLASH's on this host (seconds), the
 #     fixture's adaptive server in check mode (DFLASH's method runs every step and is compared;
 #     a difference raises in the server), then adaptive servers off / on / off / on at 16, 32
-#     and 64 requests, 3 repeats each (the 32-request row is the one under the goal)
+#     and 64 requests, 3 repeats each (the 32-request row is the one under the goal). Ran
+#     2026-12-06 evening: the check passed at 1 and 32 requests; on / off within the spread
 step decode-prep-bench 120 python3 benchmarks/decode_prep_bench.py --device cuda \
     --out "$R/decode-prep/bench.json"
 step decode-prep-check 400 env DFLASH_FAST_DECODE_PREP=check python3 \
@@ -344,10 +344,31 @@ fi
 #     (SGLang holds DFLASH's only at full load). The fixture's 32-request row had about one
 #     prefill pass per decode step and was the one under the goal; 64 of 64 (SGLang's hold
 #     active) met it. Adaptive servers off / auto / off / auto at 16, 32 and 64 requests, 3
-#     repeats each, SGLang's info log (the prefill lines show the admissions' sizes)
+#     repeats each, SGLang's info log (the prefill lines show the admissions' sizes). Not run:
+#     admission-goal (below) ran instead, 2026-12-06 evening: no gain beyond the starts' spread
 step admission-ab 600 bash -c 'for a in 0 auto 0 auto; do n=$((n + 1)); \
     DFLASH_BATCH_ADMISSION=$a python3 benchmarks/gpu_adaptive_sglang.py all --modes adaptive \
     --concurrency 16,32,64 --repeats 3 --log-level info --out "$0/admission/$n-$a" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json; done' "$R"
+# 1n. (2026-12-06 evening) host-bound or GPU-bound at 32 requests? Neither switch above lifted
+#     the fixture's 32-request row (BENCHMARKS.md "Batched admissions and the fast decode-step
+#     preparation in the server"); every row's host record now carries the GPU's mean busy
+#     share from the driver's samples (`bench/gpu_busy.py`). First that NVML answers (seconds),
+#     then the three servers at 16, 32 and 64 requests, 3 repeats, twice (about 500 s)
+step gpu-busy-check 60 python3 -c "import sys; sys.path.insert(0, 'benchmarks'); \
+from bench.gpu_busy import now_us, samples_since; s = samples_since(now_us() - 10**7); \
+print(len(s) if s is not None else s, s[-3:] if s else ''); sys.exit(s is None)"
+step busy-32 600 python3 benchmarks/gpu_adaptive_sglang.py all --starts 2 \
+    --concurrency 16,32,64 --repeats 3 --out "$R/gpu-adaptive-sglang-busy" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
+# 1m'. the goal's table with DFLASH_BATCH_ADMISSION=auto: plain, DFLASH and adaptive (the hook
+#      passes plain's and DFLASH's schedulers through) at every concurrency, then adaptive off /
+#      auto with SGLang's info log (the prefill lines count the admissions); about 420 s
+step admission-goal 600 bash -c 'DFLASH_BATCH_ADMISSION=auto python3 \
+    benchmarks/gpu_adaptive_sglang.py all --modes plain,dflash,adaptive --out "$0/admgoal/1-auto" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json; for a in 0 auto; do n=$((n + 1)); \
+    DFLASH_BATCH_ADMISSION=$a python3 benchmarks/gpu_adaptive_sglang.py all --modes adaptive \
+    --log-level info --out "$0/admgoal/$((n + 1))-$a" \
     --config benchmarks/results/gpu-engines/tune-sglang.json; done' "$R"
 # 1k. (2026-12-06 afternoon) the fixture at 32 requests: plain SGLang 24,984-25,628 tok/s, DFLASH
 #     19,712-20,153, adaptive 21,056-22,314 (0.82-0.89x max). The adaptive server's steady
