@@ -22,8 +22,10 @@ leaves: `seq_lens_cpu` (int64), `seq_lens_sum`, `reserved_seq_lens_cpu` (int32),
 `reserved_seq_lens_sum`, `max_top_k`, `uniform_top_k_value`.
 
 Host time per call on an H100's host (`benchmarks/decode_prep_bench.py`, 2026-12-06): 107 / 142 /
-214 us against DFLASH's 372 / 638 / 1,196 at 16 / 32 / 64 requests. Not yet run inside a server
-on a GPU, hence off by default.
+214 us against DFLASH's 372 / 638 / 1,196 at 16 / 32 / 64 requests. Inside the fixture's
+adaptive server on an H100 (2026-12-06 evening) `check` passed at 1 and 32 requests, but the
+rows with it on stayed within the spread of server starts (16-64 requests), hence off by
+default.
 
 `DFLASH_FAST_DECODE_PREP`: 0 (default: DFLASH's own method), 1, or `check` (every step runs
 DFLASH's method and compares what it produced with this module's numbers; a difference raises in
