@@ -250,6 +250,45 @@ class StepClock:
         return last[1], last[2], 1e3 * (now - last[0])
 
 
+class LaunchLedger:
+    """Where a serving engine's wall time goes between its batch launches, by the kinds of the
+    two launches around each interval: 'dd' (decode to decode: the steady step), 'dp' (a
+    decode followed by a prefill launch) and 'p.' (a prefill launch to the next launch of any
+    kind); with the requests the prefill passes admitted. The intervals next to a prefill,
+    against 'dd', give what each admission pass costs the server's decode (in an overlapped
+    schedule an interval holds the previous step's GPU time and this launch's host work, so
+    the kinds are charged approximately). Idle gaps over `gap_s` (no batch to run) are left
+    out."""
+
+    def __init__(self, gap_s: float = 0.05):
+        self.gap_s = gap_s
+        self._last: tuple[float, str, int] | None = None  # (launch s, 'd' or 'p', requests)
+        self.n = {"dd": 0, "dp": 0, "p.": 0}
+        self.s = {"dd": 0.0, "dp": 0.0, "p.": 0.0}
+        self.admitted = 0  # requests in the prefill passes
+
+    def launch(self, now: float, kind: str, requests: int = 0) -> None:
+        """A launch of `kind` ('d' decode, 'p' prefill of `requests` requests) at `now` (s)."""
+        require(kind in ("d", "p"), "kind", f"must be 'd' or 'p', got {kind!r}")
+        if self._last is not None and 0 <= now - self._last[0] <= self.gap_s:
+            key = "p." if self._last[1] == "p" else "d" + kind
+            self.n[key] += 1
+            self.s[key] += now - self._last[0]
+            self.admitted += self._last[2]  # 0 after a decode
+        self._last = (now, kind, requests if kind == "p" else 0)
+
+    def summary(self) -> dict:
+        """Per kind the intervals and their mean ms, the share of the counted wall time, and
+        the mean requests per prefill pass."""
+        total = sum(self.s.values())
+        out = {k: {"n": self.n[k], "ms": round(1e3 * self.s[k] / self.n[k], 2) if self.n[k]
+                   else None, "share": round(self.s[k] / total, 3) if total else None}
+               for k in self.n}
+        passes = self.n["p."]
+        out["per_prefill"] = round(self.admitted / passes, 2) if passes else None
+        return out
+
+
 class ServerPolicy:
     """A serving engine's block length per step (SGLang's DFLASH_ADAPTIVE): round times measured
     per concurrency (`engines.sglang_adaptive.step_times`), one pooled decayed survival of every

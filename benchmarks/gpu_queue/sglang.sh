@@ -353,8 +353,11 @@ step admission-ab 600 bash -c 'for a in 0 auto 0 auto; do n=$((n + 1)); \
 # 1n. (2026-12-06 evening) host-bound or GPU-bound at 32 requests? Neither switch above lifted
 #     the fixture's 32-request row (BENCHMARKS.md "Batched admissions and the fast decode-step
 #     preparation in the server"); every row's host record now carries the GPU's mean busy
-#     share from the driver's samples (`bench/gpu_busy.py`). First that NVML answers (seconds),
-#     then the three servers at 16, 32 and 64 requests, 3 repeats, twice (about 500 s)
+#     share from the driver's samples (`bench/gpu_busy.py`), and the adaptive server's log line
+#     its launch ledger (`adaptive.LaunchLedger`: mean ms and share of the wall time from a
+#     decode to a decode, a decode to a prefill and a prefill to the next launch; requests per
+#     prefill pass): what one admission pass costs its decode. First that NVML answers
+#     (seconds), then the three servers at 16, 32 and 64 requests, 3 repeats, twice (about 500 s)
 step gpu-busy-check 60 python3 -c "import sys; sys.path.insert(0, 'benchmarks'); \
 from bench.gpu_busy import now_us, samples_since; s = samples_since(now_us() - 10**7); \
 print(len(s) if s is not None else s, s[-3:] if s else ''); sys.exit(s is None)"

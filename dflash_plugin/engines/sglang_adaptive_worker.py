@@ -44,7 +44,7 @@ from functools import cache
 
 import torch
 
-from ..adaptive import ServerPolicy, StepClock
+from ..adaptive import LaunchLedger, ServerPolicy, StepClock
 from .sglang_adaptive import FLAG, NAME, PROBE_STEPS, SERVER_CONFIG, load_step_times
 from .sglang_adaptive_defer import DeferredAppend, capacity_from_env
 from .sglang_buckets import graphs_enabled
@@ -216,6 +216,7 @@ def worker_class() -> type:
             self._issued = collections.deque(maxlen=256)  # (bs, q) not yet read back
             self._steps = collections.Counter()  # q -> decode steps issued
             self._clock = StepClock()  # step times from decode launches
+            self._ledger = LaunchLedger()  # wall time between launches, by pass kind (the log)
             self._log_every = int(os.environ.get("DFLASH_ADAPTIVE_LOG_EVERY", "1000"))
             self._appends: dict[int, AppendStage] = {}  # q -> its decode append's graphs
             self._no_noise = None  # BlockEmbeddingSkipped (or False), at the first q = 1 step
@@ -327,6 +328,10 @@ def worker_class() -> type:
         def forward_batch_generation(self, batch, on_publish=None):
             extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
             decode = not (extend or batch.forward_mode.is_idle())
+            if extend or decode:
+                rows = getattr(batch, "seq_lens", None)  # [bs]
+                self._ledger.launch(time.perf_counter(), "d" if decode else "p",
+                                    0 if rows is None else len(rows))
             if not (decode and self._states):
                 self._clock.reset()  # a prefill in between: no step time
                 self._write_held()  # its slots may be a finished request's
@@ -348,11 +353,12 @@ def worker_class() -> type:
             n = sum(self._steps.values())
             if self._log_every and n % self._log_every == 0:  # warning: SGLang's level shows it
                 logger.warning("%s: %d decode steps per block length %s; step ms now %s; "
-                               "survival %s; %s", NAME, n, dict(sorted(self._steps.items())),
+                               "survival %s; launches %s; %s", NAME, n,
+                               dict(sorted(self._steps.items())),
                                {c: {k: round(v, 2) for k, v in r.items()}
                                 for c, r in self.policy.times().items()},
                                [round(v, 2) for v in self.policy.survival.values()[:8]],
-                               memory_note())
+                               self._ledger.summary(), memory_note())
             model, skip = self.target_worker.model_runner.model, contextlib.nullcontext()
             if q == 1 and self._no_noise is None:  # a table without `weight`: DFLASH's own
                 embed = model.get_input_embeddings()

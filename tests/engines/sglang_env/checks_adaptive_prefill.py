@@ -125,7 +125,7 @@ def test_workers_prefill_through_it_when_on(monkeypatch, module, on):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-    from dflash_plugin.adaptive import StepClock
+    from dflash_plugin.adaptive import LaunchLedger, StepClock
 
     mod = importlib.import_module(f"dflash_plugin.engines.{module}")
     seen = []
@@ -135,10 +135,14 @@ def test_workers_prefill_through_it_when_on(monkeypatch, module, on):
     cls = mod.worker_class()
     worker = cls.__new__(cls)
     worker.__dict__.update(_async_prefill=on, _states={}, _clock=StepClock(), _held=None,
-                           _late_seq_lens=False, _issued=collections.deque())
-    worker.forward_batch_generation(extend_batch())
+                           _late_seq_lens=False, _issued=collections.deque(),
+                           _ledger=LaunchLedger(gap_s=60))
+    batch = extend_batch()
+    worker.forward_batch_generation(batch)
     idle = extend_batch()
     idle.forward_mode = ForwardMode.IDLE
     worker.forward_batch_generation(idle)
     assert seen == ["ours" if on else "dflash", "dflash"]
+    if module == "sglang_adaptive_worker":  # the prefill's launch is in the ledger, idle is not
+        assert worker._ledger._last[1:] == ("p", len(batch.seq_lens))
 
