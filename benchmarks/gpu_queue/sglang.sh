@@ -12,7 +12,7 @@
 #   benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the uploaded checkout.
 #   Issue 20 first (is the fixture's 32-request row, the one under the goal, host-bound or
 #   GPU-bound: the GPU's busy share per row), then issue 19's:
-#   STEPS="gpu-busy-check busy-32 adaptive-t1 adaptive-rep
+#   STEPS="gpu-busy-check busy-32 spread-32 adaptive-t1 adaptive-rep
 #   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
@@ -363,6 +363,13 @@ from bench.gpu_busy import now_us, samples_since; s = samples_since(now_us() - 1
 print(len(s) if s is not None else s, s[-3:] if s else ''); sys.exit(s is None)"
 step busy-32 600 python3 benchmarks/gpu_adaptive_sglang.py all --starts 2 \
     --concurrency 16,32,64 --repeats 3 --out "$R/gpu-adaptive-sglang-busy" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
+# 1o. the same row with outputs of 64-192 tokens (`--length-spread 0.5`, requests finishing at
+#     any step, as at the 8B shape, whose rows then moved by under 0.1 % between starts): are
+#     the fixture's 32-request rows (up to +-12 % within one server) waves of equal-length
+#     requests finishing together? plain and adaptive, two starts each (about 250 s)
+step spread-32 400 python3 benchmarks/gpu_adaptive_sglang.py all --starts 2 --modes plain,adaptive \
+    --concurrency 32 --repeats 3 --length-spread 0.5 --waves 4 --out "$R/gpu-adaptive-sglang-spread-32" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 # 1m'. the goal's table with DFLASH_BATCH_ADMISSION=auto: plain, DFLASH and adaptive (the hook
 #      passes plain's and DFLASH's schedulers through) at every concurrency, then adaptive off /
