@@ -328,17 +328,17 @@ def worker_class() -> type:
         def forward_batch_generation(self, batch, on_publish=None):
             extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
             decode = not (extend or batch.forward_mode.is_idle())
+            now = time.perf_counter()  # this launch, for the ledger and the step clock
             if extend or decode:
                 rows = getattr(batch, "seq_lens", None)  # [bs]
-                self._ledger.launch(time.perf_counter(), "d" if decode else "p",
-                                    0 if rows is None else len(rows))
+                self._ledger.launch(now, "d" if decode else "p", 0 if rows is None else len(rows))
             if not (decode and self._states):
                 self._clock.reset()  # a prefill in between: no step time
                 self._write_held()  # its slots may be a finished request's
                 if extend and self._async_prefill:  # DFLASH's, without its host sync
                     return prefill(self, batch, on_publish)
                 return super().forward_batch_generation(batch, on_publish=on_publish)
-            bs, now = len(batch.seq_lens), time.perf_counter()
+            bs = len(batch.seq_lens)
             q = self.policy.choose(bs)
             if self._held is not None:
                 reqs = tuple(map(id, getattr(batch, "reqs", ()) or ()))
