@@ -12,7 +12,8 @@
 #   benchmarks/results/gpu-engines/tune-sglang.json, so it must be in the uploaded checkout.
 #   Issue 20 first (is the fixture's 32-request row, the one under the goal, host-bound or
 #   GPU-bound: the GPU's busy share per row), then issue 19's:
-#   STEPS="gpu-busy-check busy-32 spread-32 adaptive-t1 adaptive-rep
+#   STEPS="gpu-busy-check prefill-append-unit prefill-append-check host-cuts-ab spread-32 busy-32 adaptive-t1
+#   adaptive-rep
 #   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
@@ -371,6 +372,31 @@ step busy-32 600 python3 benchmarks/gpu_adaptive_sglang.py all --starts 2 \
 step spread-32 400 python3 benchmarks/gpu_adaptive_sglang.py all --starts 2 --modes plain,adaptive \
     --concurrency 32 --repeats 3 --length-spread 0.5 --waves 4 --out "$R/gpu-adaptive-sglang-spread-32" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
+# 1p. DFLASH_PREFILL_APPEND (`engines/sglang_prefill_append.py`, off by default, never run on a
+#     GPU): the prompt's drafter-KV append (7.2 % of the adaptive scheduler's samples at 32
+#     requests, profile-32) through CUDA graphs per token bucket. First `check` (DFLASH's flat
+#     append and the graphs' both, their K/V compared at the prompt's slots; a mismatch raises
+#     in the scheduler; the log's "equal DFLASH's" lines give the largest difference), then the
+#     host cuts together: adaptive servers with DFLASH_PREFILL_APPEND and
+#     DFLASH_FAST_DECODE_PREP off / on / off / on at 16, 32 and 64 requests, 3 repeats, and one
+#     plain server for the hour's reference (about 70 + 380 s)
+step prefill-append-unit 120 python3 -m pytest -q -m gpu tests/engines/test_sglang_prefill_append.py \
+    -p no:cacheprovider
+step prefill-append-check 300 env DFLASH_PREFILL_APPEND=check python3 \
+    benchmarks/gpu_adaptive_sglang.py all --modes adaptive --concurrency 1,32 \
+    --out "$R/prefill-append/check" --config benchmarks/results/gpu-engines/tune-sglang.json
+if grep -q "^prefill-append-check rc=[1-9]" "$R/queue.log"; then
+  echo "prefill append failed its check: its timed step skipped" | tee -a "$R/queue.log"
+else
+  step host-cuts-ab 600 bash -c 'for p in 0 1 0 1; do n=$((n + 1)); \
+      DFLASH_PREFILL_APPEND=$p DFLASH_FAST_DECODE_PREP=$p python3 \
+      benchmarks/gpu_adaptive_sglang.py all --modes adaptive --concurrency 16,32,64 \
+      --repeats 3 --out "$0/host-cuts/$n-cuts$p" \
+      --config benchmarks/results/gpu-engines/tune-sglang.json; done; \
+      python3 benchmarks/gpu_adaptive_sglang.py all --modes plain --concurrency 16,32,64 \
+      --repeats 3 --out "$0/host-cuts/5-plain" \
+      --config benchmarks/results/gpu-engines/tune-sglang.json' "$R"
+fi
 # 1m'. the goal's table with DFLASH_BATCH_ADMISSION=auto: plain, DFLASH and adaptive (the hook
 #      passes plain's and DFLASH's schedulers through) at every concurrency, then adaptive off /
 #      auto with SGLang's info log (the prefill lines count the admissions); about 420 s

@@ -25,6 +25,8 @@ with the step's `[bs, q]` slots and commit lengths) replays one CUDA graph per (
 bucket), captured after `init_cuda_graphs` as DFLASH_TREE's append is (`sglang_tree_append`):
 eager, it was 0.36-0.89 ms of host time in every step on the H200 (2026-12-03 profile,
 BENCHMARKS.md). `DFLASH_TREE_GRAPHS=0` (or a failed capture, logged) keeps it eager.
+With `DFLASH_PREFILL_APPEND=1` (off by default) a prefill's append replays graphs too
+(`sglang_prefill_append`).
 The q = 1 steps' appends are held (`DFLASH_ADAPTIVE_DEFER_APPEND`, up to 1024 tokens by default)
 and written in one call before anything reads or reuses those drafter slots
 (`sglang_adaptive_defer`), and with `DFLASH_ADAPTIVE_PLAIN_ATTENTION=1` (off by default) the
@@ -52,6 +54,8 @@ from .sglang_plain_attention import enabled as plain_attention_enabled
 from .sglang_plain_attention import plain_step_backend
 from .sglang_prefill import enabled as async_prefill_enabled
 from .sglang_prefill import prefill
+from .sglang_prefill_append import append_prompt, stage_for
+from .sglang_prefill_append import mode as prefill_append_mode
 from .sglang_tree_append import AppendStage, fused_workspaces
 from .sglang_tree_worker import _check_version
 
@@ -204,6 +208,8 @@ def worker_class() -> type:
     )
 
     class DFlashAdaptiveWorker(DFlashWorkerV2):
+        _prompt_mode, _prompt_append = "0", None  # DFLASH_PREFILL_APPEND, its graphs
+
         def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
             super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
             w = int(self.block_size)
@@ -224,6 +230,7 @@ def worker_class() -> type:
             self._held = DeferredAppend(held) if held else None
             self._held_reqs = ()  # the batch's requests (ids) while rows are held
             self._async_prefill = async_prefill_enabled()  # DFLASH_ASYNC_PREFILL
+            self._prompt_mode = prefill_append_mode()  # its graphs: `_capture_appends`
 
         def _runners(self):
             return {"target": self.target_worker.model_runner, "draft": self._draft_mr}
@@ -278,8 +285,12 @@ def worker_class() -> type:
                                     keep=functools.partial(fused_workspaces, self))
                 if stage.warm_for(self, q):
                     self._appends[q] = stage
-            logger.info("%s: drafter-KV append captured for block lengths %s", NAME,
-                        sorted(self._appends))
+            if self._prompt_mode != "0":
+                self._prompt_append = stage_for(self, eager, functools.partial(
+                    fused_workspaces, self))
+            logger.info("%s: drafter-KV append captured for block lengths %s; prompts' "
+                        "append: %s", NAME, sorted(self._appends), None if not (
+                            p := self._prompt_append) else f"up to {p.max_tokens} tokens")
 
         def _append_target_hidden_to_draft_kv_by_loc(self, *, target_hidden, cache_loc,
                                                      positions, cache_loc_2d=None,
@@ -296,6 +307,15 @@ def worker_class() -> type:
                     self._write_held()
                 self._held.add(target_hidden.view(bs, -1), cache_loc_2d, positions)
                 return  # every row commits at q = 1 (no drafts): all of them are held
+            prompt = self._prompt_append
+            if (cache_loc_2d is None and prompt is not None
+                    and prompt.fits(int(target_hidden.shape[0]))):  # a prefill's (flat) rows
+                check = None if self._prompt_mode != "check" else (
+                    self._draft_mr.token_to_kv_pool,
+                    [layer.self_attn.attn.layer_id for layer in self.draft_model.layers])
+                return append_prompt(prompt, super()._append_target_hidden_to_draft_kv_by_loc,
+                                     check, target_hidden=target_hidden, cache_loc=cache_loc,
+                                     positions=positions)
             stage = self._appends.get(self._q)
             if stage is None or not step:
                 return super()._append_target_hidden_to_draft_kv_by_loc(

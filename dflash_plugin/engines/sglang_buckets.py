@@ -56,16 +56,18 @@ def warm_buckets(max_bs: int) -> list[int]:
 class BucketGraphs:
     """`load(tensors)` copies `[bs, ...]` inputs into their bucket's static buffers; `run(pad,
     fn)` replays (capturing on first use) the graph of `fn`, which reads those buffers.
-    `keep()` (optional) names tensors a captured graph uses but does not own (an engine's
-    workspace that it may reallocate later): they are held for as long as the graphs live.
+    `bucket_of(rows)` pads a row count (default `bucket`). `keep()` (optional) names tensors
+    a captured graph uses but does not own (an engine's workspace that it may reallocate
+    later): they are held for as long as the graphs live.
     `reserve(rows)`: every bucket up to `rows` loads into views of one set of buffers. A graph
     reads its inputs only during its own replay, and replays run one at a time on one stream,
     so buckets can share them; without it each larger bucket allocated its own (at 256
     running requests, 35 buckets: the sum of their sizes instead of the largest)."""
 
     def __init__(self, device: torch.device, name: str, enabled: bool = True,
-                 keep: Callable[[], Sequence[torch.Tensor]] | None = None):
-        self.name, self.keep = name, keep
+                 keep: Callable[[], Sequence[torch.Tensor]] | None = None,
+                 bucket_of: Callable[[int], int] = bucket):
+        self.name, self.keep, self.bucket_of = name, keep, bucket_of
         self.graphs = StepGraphs(device, enabled, capture_error_mode="thread_local")
         self.inputs: dict[int, list[torch.Tensor]] = {}
         self.held: list[torch.Tensor] = []
@@ -82,7 +84,7 @@ class BucketGraphs:
     def load(self, tensors: Sequence[torch.Tensor]) -> tuple[int, list[torch.Tensor]]:
         """The bucket of `tensors[0].shape[0]` rows and its buffers, first rows = `tensors`."""
         bs = int(tensors[0].shape[0])
-        pad = bucket(bs)
+        pad = self.bucket_of(bs)
         have = self.inputs.get(pad)
         if have is None or _differ(have, tensors):
             shared = self._shared

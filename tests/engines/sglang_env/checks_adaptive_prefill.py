@@ -4,6 +4,7 @@ prefill without DFLASH's host sync, against SGLang 0.5.16's own DFLASH extend br
 whose `test_sglang.py` globs `checks*.py`). That the copy waits for no GPU work is a GPU test
 (`tests/engines/test_sglang_prefill.py`)."""
 
+import inspect
 import types
 
 import pytest
@@ -146,3 +147,72 @@ def test_workers_prefill_through_it_when_on(monkeypatch, module, on):
     if module == "sglang_adaptive_worker":  # the prefill's launch is in the ledger, idle is not
         assert worker._ledger._last[1:] == ("p", len(batch.seq_lens))
 
+
+
+@OLD_ONLY
+def test_prompt_append_goes_through_its_stage_and_the_rest_stays_dflash(monkeypatch):
+    """DFLASH_PREFILL_APPEND: a prefill's flat append (no 2-D slots) that fits the stage is
+    written through it (dense 64-token rows, commit lengths ending at the prompt); one longer
+    than the stage, and every append without a stage, go to DFLASH's own; check mode runs
+    DFLASH's first, then the stage, on the drafter's KV pool. 0.5.16's source: the prefix-valid
+    write of DFLASH's append, the pool's reads, the drafter layers' ids and the chunked-prefill
+    size the stage is bounded by. The real class; DFLASH's append is a stand-in (MOCK: it needs
+    the drafter on CUDA) that writes as the prefix-valid write does; eager stage on CPU."""
+    import torch
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from dflash_plugin.engines import sglang_adaptive_worker as w
+    from dflash_plugin.engines.sglang_prefill_append import PrefillAppend
+
+    src = inspect.getsource(DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc)
+    assert "set_kv_buffer_prefix_valid" in src and "int(cache_loc_2d.numel()) != num_tokens" in src
+    for name in ("get_key_buffer", "get_value_buffer", "set_kv_buffer_prefix_valid"):
+        assert callable(getattr(MHATokenToKVPool, name)), name
+    assert "layer_id" in inspect.signature(RadixAttention.__init__).parameters
+    assert "chunked_prefill_size" in ServerArgs.__dataclass_fields__
+
+    kv = torch.zeros(500, 3)
+    dflash = []
+
+    def their_append(self, *, target_hidden, cache_loc, positions, cache_loc_2d=None,
+                     commit_lens=None):
+        dflash.append(cache_loc_2d is None)
+        loc = cache_loc if cache_loc_2d is None else cache_loc_2d.reshape(-1)
+        live = (torch.ones(len(loc), dtype=torch.bool) if commit_lens is None else (
+            torch.arange(cache_loc_2d.shape[1])[None, :] < commit_lens[:, None]).reshape(-1))
+        kv[loc[live]] = target_hidden[live] + positions[live, None]
+
+    monkeypatch.setattr(DFlashWorkerV2, "_append_target_hidden_to_draft_kv_by_loc", their_append)
+    cls = w.worker_class()
+    worker = cls.__new__(cls)
+    seen = []
+    stage = PrefillAppend(torch.device("cpu"), lambda **kw: seen.append(kw) or their_append(
+        worker, **kw), max_tokens=128, graphs=False)
+    worker.__dict__.update(_q=4, _appends={}, _prompt_append=stage, _prompt_mode="1")
+    n = 70
+    hid, loc, pos = torch.randn(n, 3), torch.arange(n) + 200, torch.arange(n) + 5
+    worker._append_target_hidden_to_draft_kv_by_loc(target_hidden=hid, cache_loc=loc,
+                                                     positions=pos)
+    (kw,) = seen
+    assert kw["cache_loc_2d"].shape == (2, 64) and kw["commit_lens"].tolist() == [64, 6]
+    assert torch.equal(kv[200:270], hid + pos[:, None]) and not kv[270:].any()
+    assert dflash == [False]  # the 2-D (prefix-valid) path
+    worker._append_target_hidden_to_draft_kv_by_loc(  # too long: DFLASH's flat path
+        target_hidden=torch.randn(129, 3), cache_loc=torch.arange(129), positions=torch.arange(129))
+    assert dflash == [False, True] and len(seen) == 1
+
+    class Pool:  # SGLang's KV pool reads, over the stand-in's rows (one layer)
+        def get_key_buffer(self, i):
+            return kv
+
+        get_value_buffer = get_key_buffer
+    worker.__dict__.update(_prompt_mode="check", _draft_mr=types.SimpleNamespace(
+        token_to_kv_pool=Pool()), draft_model=types.SimpleNamespace(layers=[
+            types.SimpleNamespace(self_attn=types.SimpleNamespace(
+                attn=types.SimpleNamespace(layer_id=0)))]))
+    worker._append_target_hidden_to_draft_kv_by_loc(target_hidden=hid, cache_loc=loc,
+                                                     positions=pos)
+    assert dflash == [False, True, True, False] and stage.checked == 1 and stage.worst == 0.0
