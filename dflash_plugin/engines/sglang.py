@@ -22,8 +22,8 @@ def register() -> None:
     """The `sglang.srt.plugins` entry point `dflash_plugin` (loaded by SGLang's launcher, engine,
     scheduler and detokenizer; SGLang's loader logs a failure). Idempotent: registers the
     speculative algorithms DFLASH_TREE (with its CUDA-graph capture hook) and DFLASH_ADAPTIVE
-    once, and with `DFLASH_FAST_DECODE_PREP` / `DFLASH_BATCH_ADMISSION` on their decode-step
-    preparation and admission hooks (`sglang_decode_prep`, `sglang_admission`)."""
+    once, and unless `DFLASH_FAST_DECODE_PREP` is 0 / with `DFLASH_BATCH_ADMISSION` on their
+    decode-step preparation and admission hooks (`sglang_decode_prep`, `sglang_admission`)."""
     from . import (
         sglang_adaptive,
         sglang_adaptive_worker,
@@ -37,5 +37,5 @@ def register() -> None:
     if sglang_tree_algo.register(sglang_tree_worker.worker_factory):
         sglang_tree_hooks.register_hooks()
     sglang_adaptive.register(sglang_adaptive_worker.worker_factory)
-    sglang_decode_prep.register_hook()  # DFLASH_FAST_DECODE_PREP (both algorithms)
+    sglang_decode_prep.register_hook()  # DFLASH_FAST_DECODE_PREP (auto: DFLASH_ADAPTIVE's)
     sglang_admission.register_hook()  # DFLASH_BATCH_ADMISSION (both algorithms)

@@ -26,6 +26,7 @@ from .sglang_admission import size_from_env as admission_size
 from .sglang_decode_prep import mode as decode_prep_mode
 from .sglang_plain_attention import enabled as plain_attention_enabled
 from .sglang_prefill import enabled as async_prefill_enabled
+from .sglang_prefill_append import mode as prefill_append_mode
 
 NAME = "DFLASH_ADAPTIVE"
 FLAG = "speculative_adaptive_config"
@@ -107,6 +108,7 @@ def validate_server_args(server_args) -> None:
     plain_attention_enabled()
     async_prefill_enabled()
     decode_prep_mode()
+    prefill_append_mode()
     admission_size()
     topk = getattr(sa, "speculative_eagle_topk", None)
     require(topk in (None, 1), "speculative_eagle_topk", f"{NAME} drafts one path: 1, got {topk}")

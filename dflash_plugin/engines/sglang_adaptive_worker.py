@@ -25,8 +25,8 @@ with the step's `[bs, q]` slots and commit lengths) replays one CUDA graph per (
 bucket), captured after `init_cuda_graphs` as DFLASH_TREE's append is (`sglang_tree_append`):
 eager, it was 0.36-0.89 ms of host time in every step on the H200 (2026-12-03 profile,
 BENCHMARKS.md). `DFLASH_TREE_GRAPHS=0` (or a failed capture, logged) keeps it eager.
-With `DFLASH_PREFILL_APPEND=1` (off by default) a prefill's append replays graphs too
-(`sglang_prefill_append`).
+A prefill's append replays graphs too (`sglang_prefill_append`; `DFLASH_PREFILL_APPEND=0`:
+DFLASH's eager append).
 The q = 1 steps' appends are held (`DFLASH_ADAPTIVE_DEFER_APPEND`, up to 1024 tokens by default)
 and written in one call before anything reads or reuses those drafter slots
 (`sglang_adaptive_defer`), and with `DFLASH_ADAPTIVE_PLAIN_ATTENTION=1` (off by default) the
@@ -208,7 +208,7 @@ def worker_class() -> type:
     )
 
     class DFlashAdaptiveWorker(DFlashWorkerV2):
-        _prompt_mode, _prompt_append = "0", None  # DFLASH_PREFILL_APPEND, its graphs
+        _prompt_mode, _prompt_append = "0", None  # until `__init__` reads DFLASH_PREFILL_APPEND
 
         def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
             super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)

@@ -23,14 +23,17 @@ leaves: `seq_lens_cpu` (int64), `seq_lens_sum`, `reserved_seq_lens_cpu` (int32),
 
 Host time per call on an H100's host (`benchmarks/decode_prep_bench.py`, 2026-12-06): 107 / 142 /
 214 us against DFLASH's 372 / 638 / 1,196 at 16 / 32 / 64 requests. Inside the fixture's
-adaptive server on an H100 (2026-12-06 evening) `check` passed at 1 and 32 requests, but the
-rows with it on stayed within the spread of server starts (16-64 requests), hence off by
-default.
+adaptive server on an H100 (2026-12-06 evening) `check` passed at 1 and 32 requests; alone, its
+rows stayed within the spread of server starts (16-64 requests); with `DFLASH_PREFILL_APPEND`
+(2026-12-06, night) the adaptive servers made 14-29 % more at 16, 32 and 64 requests than with
+neither (two servers each way; BENCHMARKS.md "Host cuts"), hence on for DFLASH_ADAPTIVE.
 
-`DFLASH_FAST_DECODE_PREP`: 0 (default: DFLASH's own method), 1, or `check` (every step runs
-DFLASH's method and compares what it produced with this module's numbers; a difference raises in
-the server). Installed as a HookRegistry AROUND hook on `DFlashDraftInputV2.prepare_for_decode`
-only when on; it routes only our algorithms' batches (SGLang's DFLASH keeps its own).
+`DFLASH_FAST_DECODE_PREP`: auto (default: DFLASH_ADAPTIVE's batches, where it was measured), 1
+(DFLASH_TREE's too), 0 (DFLASH's own method everywhere), or `check` (both algorithms; every step
+runs DFLASH's method and compares what it produced with this module's numbers; a difference
+raises in the server). Installed as a HookRegistry AROUND hook on
+`DFlashDraftInputV2.prepare_for_decode` unless 0; it routes only our algorithms' batches
+(SGLang's DFLASH keeps its own).
 """
 
 from __future__ import annotations
@@ -44,14 +47,16 @@ from ..errors import ConfigError
 ENV = "DFLASH_FAST_DECODE_PREP"
 TARGET = "sglang.srt.speculative.dflash_info_v2.DFlashDraftInputV2.prepare_for_decode"
 OURS = ("DFLASH_ADAPTIVE", "DFLASH_TREE")
+MODES = {"auto": ("DFLASH_ADAPTIVE",), "1": OURS, "check": OURS, "0": ()}  # -> routed algorithms
 _SETTLED: dict = {}
 
 
 def mode(environ=os.environ) -> str:
-    """`DFLASH_FAST_DECODE_PREP`: '0' (default), '1' or 'check'; a `ConfigError` otherwise."""
-    raw = environ.get(ENV, "0").strip().lower() or "0"
-    if raw not in ("0", "1", "check"):
-        raise ConfigError(ENV, f"must be 0, 1 or check (DFLASH's decode-step preparation "
+    """`DFLASH_FAST_DECODE_PREP`: 'auto' (default), '1', '0' or 'check'; a `ConfigError`
+    otherwise."""
+    raw = environ.get(ENV, "auto").strip().lower() or "auto"
+    if raw not in MODES:
+        raise ConfigError(ENV, f"must be auto, 0, 1 or check (DFLASH's decode-step preparation "
                                f"without its per-step buffers), got {raw!r}")
     return raw
 
@@ -133,7 +138,8 @@ def check(original, draft_input, batch) -> None:
 
 
 def _is_ours(batch) -> bool:
-    return getattr(getattr(batch, "spec_algorithm", None), "name", None) in OURS
+    name = getattr(getattr(batch, "spec_algorithm", None), "name", None)
+    return name in MODES[_SETTLED.get("mode", "0")]
 
 
 def around_prepare(original, draft_input, batch):
@@ -146,8 +152,8 @@ def around_prepare(original, draft_input, batch):
 
 
 def register_hook() -> bool:
-    """Install the AROUND hook once when `DFLASH_FAST_DECODE_PREP` is 1 or check (HookRegistry
-    applies it in `load_plugins`); True when it is installed."""
+    """Install the AROUND hook once unless `DFLASH_FAST_DECODE_PREP` is 0 (HookRegistry applies
+    it in `load_plugins`); True when it is installed."""
     _SETTLED["mode"] = mode()
     if _SETTLED["mode"] == "0":
         return False

@@ -18,7 +18,12 @@ own position, its slot). Prompts longer than the last bucket, and everything wit
 take DFLASH's flat path. The drafter's K/V only shape the drafts, which the target verifies,
 so outputs stay the target's whatever the append writes.
 
-`DFLASH_PREFILL_APPEND`: 0 (default: DFLASH's eager append), 1 (the graphs), check (both, and
+Measured (H100, SGLang 0.5.16, the fixture, 2026-12-06 night; BENCHMARKS.md "Host cuts"):
+`check` inside the server found the drafter K/V of every checked prompt equal to DFLASH's
+(largest difference 0); with `DFLASH_FAST_DECODE_PREP` the adaptive servers made 14-29 % more
+at 16, 32 and 64 requests than with neither (two servers each way); greedy outputs unchanged.
+
+`DFLASH_PREFILL_APPEND`: 1 (default: the graphs), 0 (DFLASH's eager append), check (both, and
 the drafter K/V they wrote compared at the prompt's slots: `check_kv`, raises on a mismatch).
 """
 
@@ -42,8 +47,8 @@ MAX_TOKENS = 2048  # the last bucket: 20 graphs (the dev prompts are 362 tokens 
 
 
 def mode(environ=os.environ) -> str:
-    """`DFLASH_PREFILL_APPEND`: 0 (default), 1 or check; a `ConfigError` otherwise."""
-    got = environ.get(ENV, "0").strip().lower() or "0"
+    """`DFLASH_PREFILL_APPEND`: 1 (default), 0 or check; a `ConfigError` otherwise."""
+    got = environ.get(ENV, "1").strip().lower() or "1"
     if got not in MODES:
         raise ConfigError(ENV, f"must be 0, 1 or check (the prompt's drafter-KV append "
                           f"through CUDA graphs; check: both, compared), got {got!r}")

@@ -12,12 +12,12 @@ from dflash_plugin.errors import ConfigError
 
 
 def test_flag_values():
-    """Unset or blank is 0; 0, 1 and check pass; anything else a ConfigError naming the
-    variable and the allowed values."""
-    assert mode({}) == "0" and mode({"DFLASH_FAST_DECODE_PREP": " "}) == "0"
-    for v in ("0", "1", "check", "CHECK"):
+    """Unset or blank is auto; auto, 0, 1 and check pass; anything else a ConfigError naming
+    the variable and the allowed values."""
+    assert mode({}) == "auto" and mode({"DFLASH_FAST_DECODE_PREP": " "}) == "auto"
+    for v in ("0", "1", "check", "CHECK", "Auto"):
         assert mode({"DFLASH_FAST_DECODE_PREP": v}) == v.lower()
-    with pytest.raises(ConfigError, match="DFLASH_FAST_DECODE_PREP.*0, 1 or check.*'yes'"):
+    with pytest.raises(ConfigError, match="DFLASH_FAST_DECODE_PREP.*auto, 0, 1 or check.*'yes'"):
         mode({"DFLASH_FAST_DECODE_PREP": "yes"})
 
 

@@ -1,6 +1,7 @@
 """Both SGLang algorithms' launch-time validators read our environment switches
-(DFLASH_FAST_DECODE_PREP, DFLASH_BATCH_ADMISSION): a bad value is refused before any engine work
-(server args stand-in: the validators fail before reading past the switches)."""
+(DFLASH_FAST_DECODE_PREP, DFLASH_BATCH_ADMISSION; DFLASH_ADAPTIVE's also DFLASH_PREFILL_APPEND):
+a bad value is refused before any engine work (server args stand-in: the validators fail before
+reading past the switches)."""
 
 import importlib
 import types
@@ -11,9 +12,12 @@ from dflash_plugin.errors import ConfigError
 
 
 @pytest.mark.parametrize("env,bad", [("DFLASH_FAST_DECODE_PREP", "2"),
-                                     ("DFLASH_BATCH_ADMISSION", "1")])
+                                     ("DFLASH_BATCH_ADMISSION", "1"),
+                                     ("DFLASH_PREFILL_APPEND", "yes")])
 @pytest.mark.parametrize("module", ["sglang_adaptive", "sglang_tree_algo"])
 def test_a_bad_flag_fails_the_launch(monkeypatch, module, env, bad):
+    if env == "DFLASH_PREFILL_APPEND" and module == "sglang_tree_algo":
+        pytest.skip("DFLASH_PREFILL_APPEND acts in DFLASH_ADAPTIVE's worker only")
     mod = importlib.import_module(f"dflash_plugin.engines.{module}")
     monkeypatch.setenv(env, bad)
     if module == "sglang_adaptive":

@@ -133,8 +133,9 @@ def test_prepare_equals_dflash(sglang_stand_ins, case, w):
 
 @OLD_ONLY
 def test_hook_routes_only_our_algorithms(sglang_stand_ins, monkeypatch):
-    """DFLASH's own batches keep DFLASH's method; ours take `prepare_for_decode` (mode 1) or
-    DFLASH's method followed by the comparison (check); an empty batch allocates nothing."""
+    """DFLASH's own batches keep DFLASH's method; ours take `prepare_for_decode` (mode 1;
+    auto: DFLASH_ADAPTIVE's only) or DFLASH's method followed by the comparison (check); an
+    empty batch allocates nothing."""
     from dflash_plugin.engines import sglang_decode_prep as dp
 
     seen = []
@@ -152,6 +153,10 @@ def test_hook_routes_only_our_algorithms(sglang_stand_ins, monkeypatch):
     monkeypatch.setitem(dp._SETTLED, "mode", "check")
     dp.around_prepare(original, draft_input(2), batch_of(rows, name="DFLASH_ADAPTIVE"))
     assert seen == ["dflash", "ours", "dflash"]
+    monkeypatch.setitem(dp._SETTLED, "mode", "auto")
+    dp.around_prepare(original, draft_input(2), batch_of(rows, name="DFLASH_TREE"))
+    dp.around_prepare(original, draft_input(2), batch_of(rows, name="DFLASH_ADAPTIVE"))
+    assert seen[3:] == ["dflash", "ours"]
     calls, _ = sglang_stand_ins
     n = len(calls)
     dp.around_prepare(original, draft_input(0), batch_of([], name="DFLASH_ADAPTIVE"))
@@ -176,9 +181,12 @@ def test_check_raises_on_a_difference(sglang_stand_ins):
 
 @OLD_ONLY
 def test_the_hook_is_installed_only_when_on(monkeypatch):
-    """At 0 DFLASH's method runs untouched; at 1 the AROUND hook is on it once."""
+    """At 0 DFLASH's method runs untouched; at 1 the AROUND hook is on it once; unset (auto)
+    it is on too."""
     from dflash_plugin.engines import sglang_decode_prep as dp
     from tests.engines.sglang_env.hooks import assert_installed_only_when_on
 
     assert_installed_only_when_on(monkeypatch, dp, dp.around_prepare,
                                   "DFLASH_FAST_DECODE_PREP", "1")
+    monkeypatch.delenv("DFLASH_FAST_DECODE_PREP")
+    assert dp.register_hook() and dp._SETTLED["mode"] == "auto"
