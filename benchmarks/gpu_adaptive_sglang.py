@@ -103,7 +103,7 @@ def start(args, mode: str):
         extra.update(log_level=args.log_level)
     return start_engine(str(args.target), str(args.draft), 15 if mode == "dflash" else 0,
                         max_running_requests=max(args.concurrency), dtype=args.dtype,
-                        extra=extra)
+                        max_model_len=args.context_length, extra=extra)
 
 
 def run_mode(args, mode: str) -> dict:
@@ -249,6 +249,10 @@ def main() -> None:
                     help="keep the last N tokens of each prompt (default: all, 362 on average "
                          "for the dev prompts): short prompts leave the rows to decode steps")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--context-length", type=int, default=2048,
+                    help="every server's --context-length (default 2048; SGLang also caps its "
+                         "prefill CUDA graphs there, so a prefill pass of more tokens runs "
+                         "eagerly); prompts keep their last 2048 - N - 24 tokens either way")
     ap.add_argument("--shape", choices=["qwen3-8b"], help="random weights at this shape")
     ap.add_argument("--load-format", help=argparse.SUPPRESS)  # set for the children by --shape
     ap.add_argument("--requests-per-slot", type=int, default=16, help="profile: requests / c")
@@ -277,6 +281,9 @@ def main() -> None:
         ap.error(f"--length-spread must be in [0, 1), got {args.length_spread}")
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.context_length < 2048:
+        ap.error(f"--context-length must be >= 2048 (the prompts' room), got "
+                 f"{args.context_length}")
     if args.starts < 1:
         ap.error(f"--starts must be >= 1, got {args.starts}")
     if args.starts > 1 and (args.cmd != "all" or args.trace):

@@ -100,6 +100,7 @@ def test_merge_starts_takes_the_median_start_and_every_run(script, tmp_path, cap
     (["all", "--length-spread", "1"], "--length-spread must be in [0, 1), got 1.0"),
     (["run", "--mode", "plain", "--length-spread", "-0.1"],
      "--length-spread must be in [0, 1), got -0.1"),
+    (["all", "--context-length", "1024"], "--context-length must be >= 2048"),
 ])
 def test_bad_starts_is_refused_before_any_engine(tmp_path, args, message):
     out = tmp_path / "never-made"
@@ -181,3 +182,21 @@ def test_run_mode_records_the_host_per_row(script, monkeypatch):
     assert [r["row"] for r in host["rows"]] == ["sglang k=0 c=1: 1.0 tok/s",
                                                 "sglang k=0 c=4: 1.0 tok/s"] * 3
     assert all(r["wall_s"] >= 0 for r in host["rows"])
+
+
+@pytest.mark.parametrize("mode", ["plain", "adaptive"])
+def test_start_passes_the_context_length_to_every_server(script, monkeypatch, mode):
+    """`--context-length` reaches SGLang's engine as its context length (which also caps the
+    prefill CUDA graphs), in every mode. MOCK: the engine start (needs a GPU) records its
+    arguments."""
+    import argparse
+
+    from dflash_plugin.engines import sglang_tune
+
+    seen = {}
+    monkeypatch.setattr(sglang_tune, "start", lambda *a, **kw: seen.update(kw))
+    args = argparse.Namespace(load_format=None, config=FIX / "none.json", draft=FIX / "d",
+                              target=FIX / "t", log_level=None, concurrency=[1, 32],
+                              dtype="bfloat16", context_length=4096, out=FIX)
+    script.start(args, mode)
+    assert seen["max_model_len"] == 4096 and seen["max_running_requests"] == 32

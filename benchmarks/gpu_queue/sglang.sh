@@ -11,7 +11,8 @@
 #   first; every step reads benchmarks/results/gpu-engines/tune-sglang.json, so it must be in
 #   the uploaded checkout. Issue 20 first (the goal's table with the host cuts on, at equal and
 #   spread lengths; where the prefill pass's 5.3 ms go now), then issue 19's:
-#   STEPS="prefill-append-unit goal-cuts goal-cuts-spread profile-32 adaptive-t1 adaptive-rep
+#   STEPS="prefill-append-unit goal-cuts goal-ctx4096 goal-cuts-spread profile-32 adaptive-t1
+#   adaptive-rep
 #   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
@@ -405,6 +406,13 @@ step goal-cuts 600 python3 benchmarks/gpu_adaptive_sglang.py all --modes plain,d
     --out "$R/goal-cuts" --config benchmarks/results/gpu-engines/tune-sglang.json
 step goal-cuts-spread 600 python3 benchmarks/gpu_adaptive_sglang.py all \
     --modes plain,dflash,adaptive --length-spread 0.5 --waves 4 --out "$R/goal-cuts-spread" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
+# 1r. the same table with --context-length 4096 (the fixture's own limit): SGLang caps its
+#     prefill CUDA graphs at the context length, and at 2048 every prefill pass of more tokens
+#     ran eagerly (profile-32's info log: 37 of 147 passes, all over 2,048 tokens; the adaptive
+#     server admits 3.5 prompts of 362 tokens per pass on average); about 450 s
+step goal-ctx4096 600 python3 benchmarks/gpu_adaptive_sglang.py all --context-length 4096 \
+    --modes plain,dflash,adaptive --out "$R/goal-ctx4096" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 # 1m'. the goal's table with DFLASH_BATCH_ADMISSION=auto: plain, DFLASH and adaptive (the hook
 #      passes plain's and DFLASH's schedulers through) at every concurrency, then adaptive off /
