@@ -258,7 +258,8 @@ class LaunchLedger:
     against 'dd', give what each admission pass costs the server's decode (in an overlapped
     schedule an interval holds the previous step's GPU time and this launch's host work, so
     the kinds are charged approximately). Idle gaps over `gap_s` (no batch to run) are left
-    out."""
+    out. Every decode launch's requests are counted too: their mean says whether the decode
+    batches run full between admissions."""
 
     def __init__(self, gap_s: float = 0.05):
         self.gap_s = gap_s
@@ -266,10 +267,14 @@ class LaunchLedger:
         self.n = {"dd": 0, "dp": 0, "p.": 0}
         self.s = {"dd": 0.0, "dp": 0.0, "p.": 0.0}
         self.admitted = 0  # requests in the prefill passes
+        self.decodes = [0, 0]  # decode launches, their requests
 
     def launch(self, now: float, kind: str, requests: int = 0) -> None:
         """A launch of `kind` ('d' decode, 'p' prefill of `requests` requests) at `now` (s)."""
         require(kind in ("d", "p"), "kind", f"must be 'd' or 'p', got {kind!r}")
+        if kind == "d":
+            self.decodes[0] += 1
+            self.decodes[1] += requests
         if self._last is not None and 0 <= now - self._last[0] <= self.gap_s:
             key = "p." if self._last[1] == "p" else "d" + kind
             self.n[key] += 1
@@ -279,13 +284,15 @@ class LaunchLedger:
 
     def summary(self) -> dict:
         """Per kind the intervals and their mean ms, the share of the counted wall time, and
-        the mean requests per prefill pass."""
+        the mean requests per prefill pass and per decode launch."""
         total = sum(self.s.values())
         out = {k: {"n": self.n[k], "ms": round(1e3 * self.s[k] / self.n[k], 2) if self.n[k]
                    else None, "share": round(self.s[k] / total, 3) if total else None}
                for k in self.n}
         passes = self.n["p."]
         out["per_prefill"] = round(self.admitted / passes, 2) if passes else None
+        launches, rows = self.decodes
+        out["per_decode"] = round(rows / launches, 2) if launches else None
         return out
 
 

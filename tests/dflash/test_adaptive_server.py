@@ -295,18 +295,21 @@ def test_step_clock_counts_an_interval_only_between_two_steps_alike():
 
 def test_launch_ledger_charges_intervals_by_the_kinds_around_them():
     """Decode, decode, prefill of 3, decode, an idle gap, decode, prefill of 1, decode: 'dd'
-    2 ms, 'dp' 3 and 0 ms, 'p.' 5 and 4 ms, the gap left out, 2 requests per pass."""
+    2 ms, 'dp' 3 and 0 ms, 'p.' 5 and 4 ms, the gap left out, 2 requests per pass; the five
+    decode launches of 4, 4, 7, 7 and 8 requests: 6 per decode launch."""
     led = LaunchLedger(gap_s=0.05)
-    for t, kind, n in [(0.000, "d", 0), (0.002, "d", 0), (0.005, "p", 3), (0.010, "d", 0),
-                       (1.000, "d", 0), (1.000, "p", 1), (1.004, "d", 0)]:
+    for t, kind, n in [(0.000, "d", 4), (0.002, "d", 4), (0.005, "p", 3), (0.010, "d", 7),
+                       (1.000, "d", 7), (1.000, "p", 1), (1.004, "d", 8)]:
         led.launch(t, kind, n)
     got = led.summary()
     assert got["dd"]["n"] == 1 and got["dd"]["ms"] == pytest.approx(2.0)
     assert got["dp"]["n"] == 2 and got["dp"]["ms"] == pytest.approx(1.5)  # 3 ms and 0 ms
     assert got["p."]["n"] == 2 and got["p."]["ms"] == pytest.approx(4.5)
-    assert got["per_prefill"] == 2.0
-    assert sum(v["share"] for k, v in got.items() if k != "per_prefill") == pytest.approx(1.0)
+    assert got["per_prefill"] == 2.0 and got["per_decode"] == 6.0
+    assert sum(v["share"] for k, v in got.items() if k in ("dd", "dp", "p.")) == \
+        pytest.approx(1.0)
     assert LaunchLedger().summary()["dd"] == {"n": 0, "ms": None, "share": None}
+    assert LaunchLedger().summary()["per_decode"] is None
     with pytest.raises(ConfigError, match="kind"):
         led.launch(2.0, "x")
 

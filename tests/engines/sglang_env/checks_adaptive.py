@@ -388,3 +388,4 @@ def test_plain_step_skips_only_the_drafter_blocks_noise_embedding(monkeypatch):
     q, noise, _ = seen[-1]
     assert q == 16 and torch.equal(noise, model.embed(torch.tensor([[3], [4]])))
     assert worker._ledger.n["dd"] == 2  # three decode launches (the failed one too)
+    assert worker._ledger.decodes == [3, 6]  # of 2 requests each
