@@ -11,8 +11,8 @@
 #   first; every step reads benchmarks/results/gpu-engines/tune-sglang.json, so it must be in
 #   the uploaded checkout. Issue 20 first (the goal's table with the host cuts on, at equal and
 #   spread lengths; where the prefill pass's 5.3 ms go now), then issue 19's:
-#   STEPS="prefill-append-unit goal-cuts goal-ctx4096 goal-cuts-spread profile-32 adaptive-t1
-#   adaptive-rep
+#   STEPS="prefill-append-unit goal-steady goal-cuts goal-ctx4096 goal-cuts-spread profile-32
+#   adaptive-t1 adaptive-rep
 #   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
@@ -397,6 +397,19 @@ else
       --repeats 3 --out "$0/host-cuts/5-plain" \
       --config benchmarks/results/gpu-engines/tune-sglang.json' "$R"
 fi
+# 1s. the goal's table with steady load: --waves 16 (512 requests per closed loop at 32, not
+#     64). A row's closed loop issues waves x c requests and then drains: its last requests run
+#     with ever fewer beside them. Plain SGLang's equal-length requests start and finish
+#     together, so its loops drain at once; the DFLASH family's finish at different steps
+#     (acceptance differs), so each loop ends in a tail of small batches. In the spread-32 row
+#     (2026-12-06 night) the adaptive server's launch ledger accounts for about 3.2 ms per
+#     decode step, which at the row's 29,000-30,500 tok/s and 4.4 tokens per request per step
+#     means about 22 requests per decode step, not 32. With 16 waves the tail is about a
+#     sixteenth of the loop. Plain, DFLASH and adaptive at 1-64 requests (about 420 s); the
+#     ledger's `per_decode` gives the adaptive server's mean decode batch
+step goal-steady 600 python3 benchmarks/gpu_adaptive_sglang.py all --waves 16 \
+    --modes plain,dflash,adaptive --out "$R/goal-steady" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
 # 1q. the goal's table at the defaults with the host cuts (on by default since 2026-12-06 night):
 #     plain, DFLASH and adaptive at 1-64 requests, one start each, outputs of 128 tokens, then
 #     of 64-192 tokens (the 32-request row at equal lengths is plain's best case: its requests
