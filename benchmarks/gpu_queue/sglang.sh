@@ -40,14 +40,14 @@ E=$R/gpu-engines
 step stage 120 python3 -m pytest -q -m gpu tests/engines/test_sglang_tree_stage.py \
     tests/engines/test_sglang_tree_append.py tests/engines/test_sglang_tree_accept.py \
     tests/dflash/test_tree_race.py -p no:cacheprovider
-grep -q "^stage rc=[1-9]" "$R/queue.log" && { export DFLASH_TREE_GRAPHS=0; echo "tree graphs off" | tee -a "$R/queue.log"; }
+failed stage && { export DFLASH_TREE_GRAPHS=0; echo "tree graphs off" | tee -a "$R/queue.log"; }
 # 1b. the fused tree-build and acceptance kernels against their torch references, compiled (no
 #     engine; seconds);
 #     if they fail, the `fast` steps below use torch
 B=triton
 step tree-kernel 300 python3 -m pytest -q tests/kernels/test_tree_build.py \
     tests/kernels/test_tree_accept.py tests/kernels/test_tree_rejection.py -p no:cacheprovider
-grep -q "^tree-kernel rc=[1-9]" "$R/queue.log" && { B=torch; echo "tree build: torch" | tee -a "$R/queue.log"; }
+failed tree-kernel && { B=torch; echo "tree build: torch" | tee -a "$R/queue.log"; }
 step tree-build-bench 300 python3 benchmarks/tree_build_bench.py --out "$R/tree-build"
 # 0. DFLASH_TREE with fa3 as the target's backend too (`--attention-backend fa3`): the tree
 #    verified by fa3's top-K > 1 cascade, no backend that asks the scheduler for host lengths.
@@ -152,7 +152,7 @@ step lateseq-check 600 env DFLASH_TREE_LATE_SEQ_LENS=1 DFLASH_TREE_LATE_SEQ_LENS
     python3 benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
     --no-prefill-graphs --draft-attention-backend fa3 --num-prompts 8 --max-tokens 64 \
     --concurrency 1 4 --temperatures 0 --out "$E/sglang-tree32-lateseq-check.json"
-if grep -q "^lateseq-check rc=[1-9]" "$R/queue.log"; then
+if failed lateseq-check; then
   echo "late seq lens failed their check: their timed steps skipped" | tee -a "$R/queue.log"
 else
   step kernels-tree-lateseq-8b 400 env DFLASH_TREE_LATE_SEQ_LENS=1 python3 \
@@ -181,7 +181,7 @@ step hostplan-check 600 env DFLASH_TREE_HOST_PLAN=1 DFLASH_TREE_HOST_PLAN_CHECK=
     python3 benchmarks/gpu_engines.py run --engine sglang --mode tree --num-spec-tokens 32 \
     --no-prefill-graphs --num-prompts 8 --max-tokens 64 --concurrency 1 4 --temperatures 0 \
     --out "$E/sglang-tree32-hostplan-check.json"
-if grep -q "^hostplan-check rc=[1-9]" "$R/queue.log"; then
+if failed hostplan-check; then
   echo "host plan failed its check: its timed steps skipped" | tee -a "$R/queue.log"
 else
   for d in flashinfer fa3; do
@@ -331,7 +331,7 @@ step decode-prep-bench 120 python3 benchmarks/decode_prep_bench.py --device cuda
 step decode-prep-check 400 env DFLASH_FAST_DECODE_PREP=check python3 \
     benchmarks/gpu_adaptive_sglang.py all --modes adaptive --concurrency 1,32 \
     --out "$R/decode-prep/check" --config benchmarks/results/gpu-engines/tune-sglang.json
-if grep -q "^decode-prep-check rc=[1-9]" "$R/queue.log"; then
+if failed decode-prep-check; then
   echo "fast decode prep failed its check: its timed step skipped" | tee -a "$R/queue.log"
 else
   step decode-prep-ab 600 bash -c 'for p in 0 1 0 1; do n=$((n + 1)); \
@@ -385,7 +385,7 @@ step prefill-append-unit 120 python3 -m pytest -q -m gpu tests/engines/test_sgla
 step prefill-append-check 300 env DFLASH_PREFILL_APPEND=check python3 \
     benchmarks/gpu_adaptive_sglang.py all --modes adaptive --concurrency 1,32 \
     --out "$R/prefill-append/check" --config benchmarks/results/gpu-engines/tune-sglang.json
-if grep -q "^prefill-append-check rc=[1-9]" "$R/queue.log"; then
+if failed prefill-append-check; then
   echo "prefill append failed its check: its timed step skipped" | tee -a "$R/queue.log"
 else
   step host-cuts-ab 600 bash -c 'for p in 0 1 0 1; do n=$((n + 1)); \
