@@ -5,7 +5,8 @@ before any work starts (`dflash_plugin.errors` and `spiffy_plugin.errors` re-exp
 pydantic side of the same contract: `config_error` turns a `ValidationError` of a config model
 into a `ConfigError` naming the field, the value and the allowed range (read from the field's
 `Field(ge=, gt=, le=, lt=)` bounds); `validated` builds a model that way (pydantic is imported
-only there). `env_flag` reads a 0/1 environment switch the same way.
+only there). `env_flag` reads a 0/1 environment switch the same way, `env_choice` one of
+several values.
 """
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ def env_flag(environ, name: str, default: str, meaning: str) -> bool:
     if raw not in ("0", "1"):
         raise ConfigError(name, f"must be 0 or 1 ({meaning}), got {raw!r}")
     return raw == "1"
+
+
+def env_choice(environ, name: str, default: str, allowed: tuple[str, ...], meaning: str) -> str:
+    """An environment switch `name` of one of `allowed` (lower-cased; `default` when unset or
+    blank); any other value raises `ConfigError` listing them, with `meaning` (what it sets)."""
+    raw = environ.get(name, default).strip().lower() or default
+    if raw not in allowed:
+        listed = ", ".join(allowed[:-1]) + f" or {allowed[-1]}"
+        raise ConfigError(name, f"must be {listed} ({meaning}), got {raw!r}")
+    return raw
 
 
 _KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "string": "a string"}

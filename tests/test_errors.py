@@ -1,6 +1,7 @@
 """One `ConfigError` for the whole distribution: every package's name for it is the same class,
 so a caller catches bad input from any package with one `except`."""
 
+import pytest
 import specdec_kernels.errors as base
 
 import dflash_plugin.errors as dflash_errors
@@ -74,3 +75,15 @@ def test_pydantic_errors_name_field_value_and_range():
         assert (err.field, str(err)) == ("top_p", "top_p: must be in (0, 1], got 1.5")
     else:
         raise AssertionError("SamplingParams(top_p=1.5) was accepted")
+
+
+def test_env_choice_reads_one_of_several_values():
+    """Unset or blank: the default; any case; anything else a ConfigError naming the variable,
+    every allowed value, what it sets and the value got."""
+    allowed = ("auto", "0", "1")
+    assert base.env_choice({}, "X_MODE", "auto", allowed, "m") == "auto"
+    assert base.env_choice({"X_MODE": " "}, "X_MODE", "1", allowed, "m") == "1"
+    assert base.env_choice({"X_MODE": "AUTO"}, "X_MODE", "0", allowed, "m") == "auto"
+    with pytest.raises(base.ConfigError, match=r"X_MODE: must be auto, 0 or 1 \(m\), got '2'"):
+        base.env_choice({"X_MODE": "2"}, "X_MODE", "auto", allowed, "m")
+    assert dflash_errors.env_choice is base.env_choice

@@ -42,23 +42,20 @@ import os
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import env_choice
 
 ENV = "DFLASH_FAST_DECODE_PREP"
 TARGET = "sglang.srt.speculative.dflash_info_v2.DFlashDraftInputV2.prepare_for_decode"
 OURS = ("DFLASH_ADAPTIVE", "DFLASH_TREE")
-MODES = {"auto": ("DFLASH_ADAPTIVE",), "1": OURS, "check": OURS, "0": ()}  # -> routed algorithms
+MODES = {"auto": ("DFLASH_ADAPTIVE",), "0": (), "1": OURS, "check": OURS}  # -> routed algorithms
 _SETTLED: dict = {}
 
 
 def mode(environ=os.environ) -> str:
     """`DFLASH_FAST_DECODE_PREP`: 'auto' (default), '1', '0' or 'check'; a `ConfigError`
     otherwise."""
-    raw = environ.get(ENV, "auto").strip().lower() or "auto"
-    if raw not in MODES:
-        raise ConfigError(ENV, f"must be auto, 0, 1 or check (DFLASH's decode-step preparation "
-                               f"without its per-step buffers), got {raw!r}")
-    return raw
+    return env_choice(environ, ENV, "auto", tuple(MODES),
+                      "DFLASH's decode-step preparation without its per-step buffers")
 
 
 def plan(reqs, block_size: int) -> dict:

@@ -35,8 +35,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import env_choice
 from .sglang_buckets import BucketGraphs
+from .sglang_tree_append import drafter_input
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +49,8 @@ MAX_TOKENS = 2048  # the last bucket: 20 graphs (the dev prompts are 362 tokens 
 
 def mode(environ=os.environ) -> str:
     """`DFLASH_PREFILL_APPEND`: 1 (default), 0 or check; a `ConfigError` otherwise."""
-    got = environ.get(ENV, "1").strip().lower() or "1"
-    if got not in MODES:
-        raise ConfigError(ENV, f"must be 0, 1 or check (the prompt's drafter-KV append "
-                          f"through CUDA graphs; check: both, compared), got {got!r}")
-    return got
+    return env_choice(environ, ENV, "1", MODES, "the prompt's drafter-KV append through CUDA "
+                      "graphs; check: both, compared")
 
 
 def token_bucket(n: int) -> int:
@@ -143,8 +141,6 @@ def stage_for(worker, append_fn: Callable[..., None],
     """A warmed `PrefillAppend` for a DFLASH worker (the drafter's `fc` width and dtype; the
     last bucket at most the server's chunked-prefill size); None when the drafter input is
     unknown or graphs could not be captured (DFLASH's flat path stays)."""
-    from .sglang_tree_append import drafter_input
-
     known = drafter_input(worker)
     if known is None:
         return None
