@@ -283,8 +283,8 @@ class LaunchLedger:
         self._last = (now, kind, requests if kind == "p" else 0)
 
     def summary(self) -> dict:
-        """Per kind the intervals and their mean ms, the share of the counted wall time, and
-        the mean requests per prefill pass and per decode launch."""
+        """Per kind the intervals and their mean ms, the share of the counted wall time, the
+        mean requests per prefill pass and per decode launch, and the sums behind them."""
         total = sum(self.s.values())
         out = {k: {"n": self.n[k], "ms": round(1e3 * self.s[k] / self.n[k], 2) if self.n[k]
                    else None, "share": round(self.s[k] / total, 3) if total else None}
@@ -293,6 +293,8 @@ class LaunchLedger:
         out["per_prefill"] = round(self.admitted / passes, 2) if passes else None
         launches, rows = self.decodes
         out["per_decode"] = round(rows / launches, 2) if launches else None
+        # the sums too, so two summaries give the interval between them exactly
+        out["sums"] = {"decodes": launches, "rows": rows, "admitted": self.admitted}
         return out
 
 

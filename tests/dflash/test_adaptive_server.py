@@ -306,6 +306,7 @@ def test_launch_ledger_charges_intervals_by_the_kinds_around_them():
     assert got["dp"]["n"] == 2 and got["dp"]["ms"] == pytest.approx(1.5)  # 3 ms and 0 ms
     assert got["p."]["n"] == 2 and got["p."]["ms"] == pytest.approx(4.5)
     assert got["per_prefill"] == 2.0 and got["per_decode"] == 6.0
+    assert got["sums"] == {"decodes": 5, "rows": 30, "admitted": 4}
     assert sum(v["share"] for k, v in got.items() if k in ("dd", "dp", "p.")) == \
         pytest.approx(1.0)
     assert LaunchLedger().summary()["dd"] == {"n": 0, "ms": None, "share": None}
