@@ -6,9 +6,13 @@ on the bundled pair (GPU only: SGLang runs DFLASH on CUDA only).
 Per mode one `sglang.Engine` in its own process (`run --mode M` writes `M.json`; `all` runs the
 modes in turn, an engine that fails is recorded and the next still runs): the cells of
 `dflash tune` (`sglang_tune.measure_engine`: an untimed pass at every concurrency, then per
-concurrency max(--waves x c, --min-requests) requests of 128 tokens, timed (default max(2c, 64),
-served again until the row has run --min-seconds, default 3: a 3 % goal needs windows of
-seconds; until 2026-12-03 max(2c, 16), windows of 0.3-3.5 s, then 0.4-2 s from 8 requests on);
+concurrency max(--waves x c, --min-requests) requests of 128 tokens, timed (default max(16c,
+64), served again until the row has run --min-seconds, default 3: a 3 % goal needs windows of
+seconds; until 2026-12-03 max(2c, 16), windows of 0.3-3.5 s, then 0.4-2 s from 8 requests on;
+until 2026-12-06 max(2c, 64): each serving of the requests is a closed loop that ends in a
+drain, and a DFLASH-family server's requests finish at different steps, so at 2 waves its
+batches ran part-empty: 23,703 against 31,210 tok/s at 16 waves for one adaptive server at 32
+requests, BENCHMARKS.md "Steady load");
 tau = tokens / SGLang's `spec_verify_ct`; `--repeats R`: all rows R times in turn on the same
 server, the median row reported with the range: one 4-second window per row moved a ratio by 3-4
 points between two runs in 2026-12-06's 8B rows; `--starts S` (with `all`): each mode's server
@@ -256,7 +260,9 @@ def main() -> None:
     ap.add_argument("--shape", choices=["qwen3-8b"], help="random weights at this shape")
     ap.add_argument("--load-format", help=argparse.SUPPRESS)  # set for the children by --shape
     ap.add_argument("--requests-per-slot", type=int, default=16, help="profile: requests / c")
-    ap.add_argument("--waves", type=int, default=2, help="rows: at least waves x c requests")
+    ap.add_argument("--waves", type=int, default=16,
+                    help="rows: at least waves x c requests, one closed loop (default 16: the "
+                         "loop's drain is a sixteenth of it; 2 until 2026-12-06)")
     ap.add_argument("--min-seconds", type=float, default=3.0,
                     help="rows: those requests again until the row has run this long")
     ap.add_argument("--min-requests", type=int, default=64, help="rows: at least this many")

@@ -49,7 +49,7 @@ def measure_cells(
     serve: Callable[[list[list[int]], int, int], list[Finished]],  # (ids, new tokens, c)
     probe: Callable[[], Callable[[list[Finished]], dict]],  # () -> (done -> tau, survival)
     k: int, prompts: list[list[int]], concurrencies: list[int], *, max_new_tokens: int,
-    waves: int = 2, min_requests: int = 1, warmup_tokens: int = 8, name: str = "engine",
+    waves: int = 16, min_requests: int = 1, warmup_tokens: int = 8, name: str = "engine",
     min_seconds: float = 0.0, log: Callable[[str], None] = print,
 ) -> list[Cell]:
     """The cells of one started engine (k: its drafted tokens per round, for the record): an
@@ -301,8 +301,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--candidates", default=None,
                    help="k values to measure (0 = no speculation); default 0,3,7,block-1")
     t.add_argument("--max-new-tokens", type=int, default=128)
-    t.add_argument("--waves", type=int, default=2,
-                   help="requests per cell: max(waves x concurrency, --min-requests)")
+    t.add_argument("--waves", type=int, default=16,
+                   help="requests per cell: max(waves x concurrency, --min-requests); each "
+                        "cell is one closed loop that drains at its end, and speculation's "
+                        "requests finish at different steps, so few waves under-fill its "
+                        "batches (default 16; 2 until 2026-12-06)")
     t.add_argument("--min-requests", type=int, default=16,
                    help="at least this many requests (prompts cycled) per cell")
     t.add_argument("--warmup-tokens", type=int, default=8)

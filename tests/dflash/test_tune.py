@@ -236,5 +236,5 @@ def test_measure_cells_serves_again_until_min_seconds(monkeypatch):
     assert cell.wall_s == pytest.approx(1.2) and cell.tokens_per_s == pytest.approx(48 / 1.2)
     served.clear()
     (once,) = tune.measure_cells(serve, probe, 15, [[1]], [2], max_new_tokens=4,
-                                 warmup_tokens=1, log=lambda m: None)
-    assert served == [(4, 1, 2), (4, 4, 2)] and once.requests == 4
+                                 warmup_tokens=1, log=lambda m: None)  # 16 waves by default
+    assert served == [(32, 1, 2), (32, 4, 2)] and once.requests == 32
