@@ -6,13 +6,13 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# Owed as of 2026-12-06 night (that session ran gpu-busy-check, prefill-append-unit,
-#   prefill-append-check, host-cuts-ab and spread-32: BENCHMARKS.md "Host cuts"), most wanted
+# Owed as of 2026-12-06 late (that session ran prefill-append-unit, passed, goal-steady and
+#   solo 32-request servers by hand: BENCHMARKS.md "Steady load"; rows run 16 waves by default
+#   since, so goal-cuts and goal-ctx4096 are goal-steady now), most wanted
 #   first; every step reads benchmarks/results/gpu-engines/tune-sglang.json, so it must be in
-#   the uploaded checkout. Issue 20 first (the goal's table with the host cuts on, at equal and
-#   spread lengths; where the prefill pass's 5.3 ms go now), then issue 19's:
-#   STEPS="prefill-append-unit goal-steady goal-cuts goal-ctx4096 goal-cuts-spread profile-32
-#   adaptive-t1 adaptive-rep
+#   the uploaded checkout. Issue 20 first (the 32-request row's admissions at steady load: DFLASH
+#   under the limit-32 servers' rule, our hold at the sweep's limit), then issue 19's:
+#   STEPS="solo-32 steady-admission goal-adm goal-cuts-spread profile-32 adaptive-t1 adaptive-rep
 #   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
@@ -409,6 +409,33 @@ fi
 #     ledger's `per_decode` gives the adaptive server's mean decode batch
 step goal-steady 600 python3 benchmarks/gpu_adaptive_sglang.py all --waves 16 \
     --modes plain,dflash,adaptive --out "$R/goal-steady" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
+# 1t. (ran 2026-12-06 late, BENCHMARKS.md "Steady load": goal-steady left the 32 row at 0.886x;
+#     servers started for 32 requests alone made 31,210 tok/s against 21,058-28,471 in the
+#     sweeps; the ledger: a server whose running limit is 64 (the sweep's) admits 1.5-1.6
+#     requests per prefill pass at 32 requests, 128-141 passes per 200 decode steps, 4.9-7.0 ms
+#     per decode step; one whose limit is 32 is held by SGLang's DFLASH rule (a prefill waits
+#     for 4 free slots) and admits 4.4-4.9 per pass, 42-45 passes, 3.6-3.9 ms. Since then rows
+#     run 16 waves by default.) Next:
+#     solo-32: plain, DFLASH and adaptive each started for 32 requests alone (limit 32), 3
+#       repeats: DFLASH under the same SGLang rule was not measured there (about 250 s);
+#     steady-admission: DFLASH_BATCH_ADMISSION=0 / auto / 0 / auto on adaptive servers of the
+#       sweep's limit (64) at 16, 32 and 64 requests, 2 repeats, then plain: does our hold give
+#       the limit-32 servers' batching at any limit? (at 2 waves it did not show, 2026-12-06
+#       evening, but neither did SGLang's own rule: 23,703 tok/s; about 500 s);
+#     goal-adm: the goal's table with DFLASH_BATCH_ADMISSION=auto (about 320 s)
+step solo-32 400 python3 benchmarks/gpu_adaptive_sglang.py all --modes plain,dflash,adaptive \
+    --concurrency 32 --repeats 3 --out "$R/solo-32" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json
+step steady-admission 600 bash -c 'for a in 0 auto 0 auto; do n=$((n + 1)); \
+    DFLASH_BATCH_ADMISSION=$a python3 benchmarks/gpu_adaptive_sglang.py all --modes adaptive \
+    --concurrency 16,32,64 --repeats 2 --out "$0/steady-admission/$n-$a" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json; done; \
+    python3 benchmarks/gpu_adaptive_sglang.py all --modes plain --concurrency 16,32,64 \
+    --repeats 2 --out "$0/steady-admission/5-plain" \
+    --config benchmarks/results/gpu-engines/tune-sglang.json' "$R"
+step goal-adm 600 env DFLASH_BATCH_ADMISSION=auto python3 benchmarks/gpu_adaptive_sglang.py all \
+    --modes plain,dflash,adaptive --out "$R/goal-adm" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 # 1q. the goal's table at the defaults with the host cuts (on by default since 2026-12-06 night):
 #     plain, DFLASH and adaptive at 1-64 requests, one start each, outputs of 128 tokens, then
