@@ -419,20 +419,23 @@ step goal-steady 600 python3 benchmarks/gpu_adaptive_sglang.py all --waves 16 \
 #     run 16 waves by default.) Next:
 #     solo-32: plain, DFLASH and adaptive each started for 32 requests alone (limit 32), 3
 #       repeats: DFLASH under the same SGLang rule was not measured there (about 250 s);
-#     steady-admission: DFLASH_BATCH_ADMISSION=0 / auto / 0 / auto on adaptive servers of the
-#       sweep's limit (64) at 16, 32 and 64 requests, 2 repeats, then plain: does our hold give
-#       the limit-32 servers' batching at any limit? (at 2 waves it did not show, 2026-12-06
-#       evening, but neither did SGLang's own rule: 23,703 tok/s; about 500 s);
+#     steady-admission: DFLASH_BATCH_ADMISSION=0 / auto (4 at this limit) / 8 on adaptive
+#       servers of the sweep's limit (64) at 16, 32 and 64 requests, 2 repeats, then plain:
+#       does our hold give the limit-32 servers' batching at any limit? (at 2 waves it did not
+#       show, 2026-12-06 evening, but neither did SGLang's own rule: 23,703 tok/s). 8: with a
+#       pass costing about 6 ms beside 2.5-ms decode steps and 1.1 admissions per step at 32
+#       requests, (2.5 + 1.1 x 6 / K) / (32 - (K - 1) / 2) ms per request-step is least near
+#       K = 10 (0.138 at K = 4, 0.118 at 8; arithmetic, not measured); about 400 s;
 #     goal-adm: the goal's table with DFLASH_BATCH_ADMISSION=auto (about 320 s)
 step solo-32 400 python3 benchmarks/gpu_adaptive_sglang.py all --modes plain,dflash,adaptive \
     --concurrency 32 --repeats 3 --out "$R/solo-32" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
-step steady-admission 600 bash -c 'for a in 0 auto 0 auto; do n=$((n + 1)); \
+step steady-admission 600 bash -c 'for a in 0 auto 8; do n=$((n + 1)); \
     DFLASH_BATCH_ADMISSION=$a python3 benchmarks/gpu_adaptive_sglang.py all --modes adaptive \
     --concurrency 16,32,64 --repeats 2 --out "$0/steady-admission/$n-$a" \
     --config benchmarks/results/gpu-engines/tune-sglang.json; done; \
     python3 benchmarks/gpu_adaptive_sglang.py all --modes plain --concurrency 16,32,64 \
-    --repeats 2 --out "$0/steady-admission/5-plain" \
+    --repeats 2 --out "$0/steady-admission/4-plain" \
     --config benchmarks/results/gpu-engines/tune-sglang.json' "$R"
 step goal-adm 600 env DFLASH_BATCH_ADMISSION=auto python3 benchmarks/gpu_adaptive_sglang.py all \
     --modes plain,dflash,adaptive --out "$R/goal-adm" \
