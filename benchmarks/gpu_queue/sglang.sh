@@ -425,7 +425,8 @@ step goal-steady 600 python3 benchmarks/gpu_adaptive_sglang.py all --waves 16 \
 #       show, 2026-12-06 evening, but neither did SGLang's own rule: 23,703 tok/s). 8: with a
 #       pass costing about 6 ms beside 2.5-ms decode steps and 1.1 admissions per step at 32
 #       requests, (2.5 + 1.1 x 6 / K) / (32 - (K - 1) / 2) ms per request-step is least near
-#       K = 10 (0.138 at K = 4, 0.118 at 8; arithmetic, not measured); about 400 s;
+#       K = 10 (0.284 at K = 1, 0.136 at 4, 0.117 at 8, 0.115 at 10; arithmetic, not measured);
+#       about 400 s;
 #     goal-adm: the goal's table with DFLASH_BATCH_ADMISSION=auto (about 320 s)
 step solo-32 400 python3 benchmarks/gpu_adaptive_sglang.py all --modes plain,dflash,adaptive \
     --concurrency 32 --repeats 3 --out "$R/solo-32" \
