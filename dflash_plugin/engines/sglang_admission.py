@@ -19,7 +19,11 @@ do not depend on it (requests are decoded alone; only when they start changes). 
 HookRegistry AROUND hook on `Scheduler.get_new_batch_prefill` only when on; it acts on our
 algorithms' servers only. On an H100 (2026-12-06 evening) the fixture's adaptive servers with
 `auto` admitted more requests per pass but were not faster at 32 requests beyond the spread of
-server starts (a held request's slot idles meanwhile), hence off by default.
+server starts (a held request's slot idles meanwhile), hence off by default. Those rows were
+closed loops of 2 waves, where SGLang's own rule did not pay either; at steady load (16 waves,
+2026-12-06 late) servers whose limit SGLang's rule acted at (limit 32, 4.4-4.8 requests per
+pass) made 31,210 tok/s at 32 requests against 21,058-25,361 with room for 64 (1.5-1.7 per
+pass): this hook at steady load is the next measurement (queue step `steady-admission`).
 """
 
 from __future__ import annotations
