@@ -259,10 +259,12 @@ class LaunchLedger:
     schedule an interval holds the previous step's GPU time and this launch's host work, so
     the kinds are charged approximately). Idle gaps over `gap_s` (no batch to run) are left
     out. Every decode launch's requests are counted too: their mean says whether the decode
-    batches run full between admissions."""
+    batches run full between admissions; `rate` is the recent requests admitted per decode
+    launch (decayed by `decay` a launch), the arrival rate at a steady load."""
 
-    def __init__(self, gap_s: float = 0.05):
-        self.gap_s = gap_s
+    def __init__(self, gap_s: float = 0.05, decay: float = 0.98):
+        self.gap_s, self.decay = gap_s, decay
+        self.rate, self._since = 0.0, 0  # admissions per decode launch; since the last one
         self._last: tuple[float, str, int] | None = None  # (launch s, 'd' or 'p', requests)
         self.n = {"dd": 0, "dp": 0, "p.": 0}
         self.s = {"dd": 0.0, "dp": 0.0, "p.": 0.0}
@@ -275,6 +277,8 @@ class LaunchLedger:
         if kind == "d":
             self.decodes[0] += 1
             self.decodes[1] += requests
+            self.rate = self.decay * self.rate + (1 - self.decay) * self._since
+        self._since = 0 if kind == "d" else self._since + requests
         if self._last is not None and 0 <= now - self._last[0] <= self.gap_s:
             key = "p." if self._last[1] == "p" else "d" + kind
             self.n[key] += 1
@@ -284,7 +288,8 @@ class LaunchLedger:
 
     def summary(self) -> dict:
         """Per kind the intervals and their mean ms, the share of the counted wall time, the
-        mean requests per prefill pass and per decode launch, and the sums behind them."""
+        mean requests per prefill pass and per decode launch, the sums behind them and the
+        recent admissions per decode launch."""
         total = sum(self.s.values())
         out = {k: {"n": self.n[k], "ms": round(1e3 * self.s[k] / self.n[k], 2) if self.n[k]
                    else None, "share": round(self.s[k] / total, 3) if total else None}
@@ -295,6 +300,7 @@ class LaunchLedger:
         out["per_decode"] = round(rows / launches, 2) if launches else None
         # the sums too, so two summaries give the interval between them exactly
         out["sums"] = {"decodes": launches, "rows": rows, "admitted": self.admitted}
+        out["rate"] = round(self.rate, 3)
         return out
 
 
