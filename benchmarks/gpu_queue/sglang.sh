@@ -12,7 +12,8 @@
 #   first; every step reads benchmarks/results/gpu-engines/tune-sglang.json, so it must be in
 #   the uploaded checkout. Issue 20 first (the 32-request row's admissions at steady load: DFLASH
 #   under the limit-32 servers' rule, our hold at the sweep's limit), then issue 19's:
-#   STEPS="solo-32 steady-admission goal-adm goal-cuts-spread profile-32 adaptive-t1 adaptive-rep
+#   STEPS="solo-32 steady-admission goal-adm steady-admission-8 goal-cuts-spread profile-32
+#   adaptive-t1 adaptive-rep
 #   kernels-tree-fa3-fast-8b fa3tree64-fast sampling-tree-fast tree-build-bench fa3tree
 #   sampling-plain2 fa3tree8-t1 fa3tree16-t1 lateseq-check engines-tree32-lateseq"
 #   (sampling-plain2 beside a fresh sampling-plain: the first plain2 shared plain's seed and
@@ -419,26 +420,31 @@ step goal-steady 600 python3 benchmarks/gpu_adaptive_sglang.py all --waves 16 \
 #     run 16 waves by default.) Next:
 #     solo-32: plain, DFLASH and adaptive each started for 32 requests alone (limit 32), 3
 #       repeats: DFLASH under the same SGLang rule was not measured there (about 250 s);
-#     steady-admission: DFLASH_BATCH_ADMISSION=0 / auto (4 at this limit) / 8 on adaptive
-#       servers of the sweep's limit (64) at 16, 32 and 64 requests, 2 repeats, then plain:
+#     steady-admission: DFLASH_BATCH_ADMISSION=0 / auto (4 at this limit) / cost (K from the
+#       server's ledger, `admission.hold_size`) on adaptive servers of the sweep's limit (64)
+#       at 16, 32 and 64 requests, 2 repeats, then plain (steady-admission-8: K = 8 likewise):
 #       does our hold give the limit-32 servers' batching at any limit? (at 2 waves it did not
 #       show, 2026-12-06 evening, but neither did SGLang's own rule: 23,703 tok/s). 8: with a
 #       pass costing about 6 ms beside 2.5-ms decode steps and 1.1 admissions per step at 32
 #       requests, (2.5 + 1.1 x 6 / K) / (32 - (K - 1) / 2) ms per request-step is least near
-#       K = 10 (0.284 at K = 1, 0.136 at 4, 0.117 at 8, 0.115 at 10; arithmetic, not measured);
-#       about 400 s;
-#     goal-adm: the goal's table with DFLASH_BATCH_ADMISSION=auto (about 320 s)
+#       K = 10 (0.284 at K = 1, 0.136 at 4, 0.117 at 8, 0.115 at 10; arithmetic, not measured;
+#       `cost` takes the smallest K within 3 % of the best: 8 there); about 400 s;
+#     goal-adm: the goal's table with DFLASH_BATCH_ADMISSION=$ADM (default cost; ADM=auto if
+#       steady-admission favours it; about 320 s)
 step solo-32 400 python3 benchmarks/gpu_adaptive_sglang.py all --modes plain,dflash,adaptive \
     --concurrency 32 --repeats 3 --out "$R/solo-32" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
-step steady-admission 600 bash -c 'for a in 0 auto 8; do n=$((n + 1)); \
+step steady-admission 600 bash -c 'for a in 0 auto cost; do n=$((n + 1)); \
     DFLASH_BATCH_ADMISSION=$a python3 benchmarks/gpu_adaptive_sglang.py all --modes adaptive \
     --concurrency 16,32,64 --repeats 2 --out "$0/steady-admission/$n-$a" \
     --config benchmarks/results/gpu-engines/tune-sglang.json; done; \
     python3 benchmarks/gpu_adaptive_sglang.py all --modes plain --concurrency 16,32,64 \
     --repeats 2 --out "$0/steady-admission/4-plain" \
     --config benchmarks/results/gpu-engines/tune-sglang.json' "$R"
-step goal-adm 600 env DFLASH_BATCH_ADMISSION=auto python3 benchmarks/gpu_adaptive_sglang.py all \
+step steady-admission-8 300 env DFLASH_BATCH_ADMISSION=8 python3 \
+    benchmarks/gpu_adaptive_sglang.py all --modes adaptive --concurrency 16,32,64 --repeats 2 \
+    --out "$R/steady-admission-8" --config benchmarks/results/gpu-engines/tune-sglang.json
+step goal-adm 600 env DFLASH_BATCH_ADMISSION=${ADM:-cost} python3 benchmarks/gpu_adaptive_sglang.py all \
     --modes plain,dflash,adaptive --out "$R/goal-adm" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 # 1q. the goal's table at the defaults with the host cuts (on by default since 2026-12-06 night):

@@ -222,7 +222,7 @@ def worker_class() -> type:
             self._issued = collections.deque(maxlen=256)  # (bs, q) not yet read back
             self._steps = collections.Counter()  # q -> decode steps issued
             self._clock = StepClock()  # step times from decode launches
-            self._ledger = LaunchLedger()  # wall time between launches, by pass kind (the log)
+            self.ledger = LaunchLedger()  # wall time between launches, by pass kind (the log)
             self._log_every = int(os.environ.get("DFLASH_ADAPTIVE_LOG_EVERY", "1000"))
             self._appends: dict[int, AppendStage] = {}  # q -> its decode append's graphs
             self._no_noise = None  # BlockEmbeddingSkipped (or False), at the first q = 1 step
@@ -351,7 +351,7 @@ def worker_class() -> type:
             now = time.perf_counter()  # this launch, for the ledger and the step clock
             if extend or decode:
                 rows = getattr(batch, "seq_lens", None)  # [bs]
-                self._ledger.launch(now, "d" if decode else "p", 0 if rows is None else len(rows))
+                self.ledger.launch(now, "d" if decode else "p", 0 if rows is None else len(rows))
             if not (decode and self._states):
                 self._clock.reset()  # a prefill in between: no step time
                 self._write_held()  # its slots may be a finished request's
@@ -378,7 +378,7 @@ def worker_class() -> type:
                                {c: {k: round(v, 2) for k, v in r.items()}
                                 for c, r in self.policy.times().items()},
                                [round(v, 2) for v in self.policy.survival.values()[:8]],
-                               self._ledger.summary(), memory_note())
+                               self.ledger.summary(), memory_note())
             model, skip = self.target_worker.model_runner.model, contextlib.nullcontext()
             if q == 1 and self._no_noise is None:  # a table without `weight`: DFLASH's own
                 embed = model.get_input_embeddings()

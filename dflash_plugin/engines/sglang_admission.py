@@ -11,9 +11,11 @@ pass of one request, and with speculation a request finishes every few steps: on
 and ours ran at 0.79-0.89x plain SGLang, while at 64 of 64 (admissions batched by SGLang's rule)
 they ran at 0.99-1.09x.
 
-`DFLASH_BATCH_ADMISSION=K` (K >= 2, or `auto`: SGLang's number above) holds a scheduler pass's
-new prefill while the running batch decodes, fewer than min(K, free slots) requests wait, and
-fewer than K passes have been held since the last admission; so a request waits at most K
+`DFLASH_BATCH_ADMISSION=K` (K >= 2; `auto`: SGLang's number above; `cost`: DFLASH_ADAPTIVE's
+K at each pass from its launch ledger, the measured step and pass costs and arrival rate, by
+`admission.hold_size`: 1, no hold, at light loads) holds a scheduler pass's new prefill
+while the running batch decodes, fewer than min(K, free slots) requests wait, and fewer than K
+passes have been held since the last admission; so a request waits at most K
 decode steps, and admissions come about K at a time. 0 (default): SGLang's scheduling. Outputs
 do not depend on it (requests are decoded alone; only when they start changes). Installed as a
 HookRegistry AROUND hook on `Scheduler.get_new_batch_prefill` only when on; it acts on our
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import os
 
+from ..admission import hold_size_from_ledger
 from ..errors import ConfigError
 
 ENV = "DFLASH_BATCH_ADMISSION"
@@ -40,18 +43,18 @@ _SETTLED: dict = {}
 
 
 def size_from_env(environ=os.environ) -> int | str:
-    """`DFLASH_BATCH_ADMISSION`: 0 (default, off), an integer K >= 2, or 'auto'; a
+    """`DFLASH_BATCH_ADMISSION`: 0 (default, off), an integer K >= 2, 'auto' or 'cost'; a
     `ConfigError` otherwise."""
     raw = environ.get(ENV, "0").strip().lower() or "0"
-    if raw == "auto":
+    if raw in ("auto", "cost"):
         return raw
     try:
         k = int(raw)
     except ValueError:
         k = -1
     if k != 0 and k < 2:
-        raise ConfigError(ENV, f"must be 0 (off), auto or an integer >= 2 (requests admitted "
-                               f"together), got {raw!r}")
+        raise ConfigError(ENV, f"must be 0 (off), auto, cost or an integer >= 2 (requests "
+                               f"admitted together), got {raw!r}")
     return k
 
 
@@ -72,13 +75,16 @@ def around_get_new_batch_prefill(original, scheduler, running_batch):
     """The AROUND hook: `hold` on our algorithms' schedulers, SGLang's pass otherwise."""
     if getattr(scheduler.spec_algorithm, "name", None) not in OURS:
         return original(scheduler, running_batch)
-    k = _SETTLED["size"]
-    if k == "auto":
-        k = sglang_size(scheduler.max_running_requests)
     decoding = running_batch is not None and not getattr(running_batch, "is_prefill_only", False)
     running = running_batch.batch_size() if decoding else 0  # only a decoding batch goes on
+    waiting, k = len(scheduler.waiting_queue), _SETTLED["size"]
+    if k == "auto":
+        k = sglang_size(scheduler.max_running_requests)
+    elif k == "cost":  # DFLASH_ADAPTIVE's ledger; a worker without one is not held
+        ledger = getattr(getattr(scheduler, "draft_worker", None), "ledger", None)
+        k = hold_size_from_ledger(ledger, running + waiting) if ledger and waiting else 0
     held = getattr(scheduler, HELD, 0)
-    if hold(k=k, running=running, waiting=len(scheduler.waiting_queue),
+    if hold(k=k, running=running, waiting=waiting,
             free=scheduler.get_num_allocatable_reqs(running), held=held,
             chunked=scheduler.chunked_req is not None):
         from sglang.srt.managers.schedule_batch import NextBatchPlan

@@ -10,13 +10,15 @@ from dflash_plugin.errors import ConfigError
 
 
 def test_flag_values():
-    """Unset or blank is 0 (off); auto; integers >= 2; anything else (1, negative, words) a
+    """Unset or blank is 0 (off); auto; cost; integers >= 2; anything else (1, negative, words) a
     ConfigError naming the variable and the allowed values."""
     assert size_from_env({}) == 0 and size_from_env({"DFLASH_BATCH_ADMISSION": " "}) == 0
     assert size_from_env({"DFLASH_BATCH_ADMISSION": "AUTO"}) == "auto"
     assert size_from_env({"DFLASH_BATCH_ADMISSION": "4"}) == 4
+    assert size_from_env({"DFLASH_BATCH_ADMISSION": "Cost"}) == "cost"
     for bad in ("1", "-2", "yes", "2.5"):
-        with pytest.raises(ConfigError, match="DFLASH_BATCH_ADMISSION.*auto or an integer >= 2"):
+        with pytest.raises(ConfigError,
+                           match="DFLASH_BATCH_ADMISSION.*auto, cost or an integer >= 2"):
             size_from_env({"DFLASH_BATCH_ADMISSION": bad})
 
 

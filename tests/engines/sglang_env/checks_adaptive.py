@@ -362,7 +362,7 @@ def test_plain_step_skips_only_the_drafter_blocks_noise_embedding(monkeypatch):
     worker.__dict__.update(
         _target_worker=SimpleNamespace(model_runner=SimpleNamespace(model=model)),
         _states={1: {}, 16: {}}, _q=1, _no_noise=None, _issued=[], _clock=StepClock(),
-        _ledger=LaunchLedger(gap_s=60),
+        ledger=LaunchLedger(gap_s=60),
         _steps=collections.Counter(), _log_every=0, _held=None, _held_reqs=(),
         _draft_block_ids_buf=torch.tensor([[3], [4], [5]]))
     worker._use = lambda q: worker.__dict__.update(_q=q)
@@ -387,5 +387,5 @@ def test_plain_step_skips_only_the_drafter_blocks_noise_embedding(monkeypatch):
     worker.forward_batch_generation(batch())
     q, noise, _ = seen[-1]
     assert q == 16 and torch.equal(noise, model.embed(torch.tensor([[3], [4]])))
-    assert worker._ledger.n["dd"] == 2  # three decode launches (the failed one too)
-    assert worker._ledger.decodes == [3, 6]  # of 2 requests each
+    assert worker.ledger.n["dd"] == 2  # three decode launches (the failed one too)
+    assert worker.ledger.decodes == [3, 6]  # of 2 requests each

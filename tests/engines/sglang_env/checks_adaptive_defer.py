@@ -98,7 +98,7 @@ def test_held_plain_appends_reach_the_drafter_before_it_reads(monkeypatch):
         worker.__dict__.update(
             _q=16, _states={1: {}, 16: {}}, _held=DeferredAppend(held) if held else None,
             _held_reqs=(), _appends={}, _async_prefill=False,  # DFLASH's step (mocked)
-            _clock=StepClock(), _ledger=LaunchLedger(), _issued=collections.deque(),
+            _clock=StepClock(), ledger=LaunchLedger(), _issued=collections.deque(),
             _steps=collections.Counter(), _log_every=0, _no_noise=False, kv={}, calls=0,
             seen=[], policy=types.SimpleNamespace(choose=lambda bs: next(qs),
                                                   timed=lambda *a: None),

@@ -137,7 +137,7 @@ def test_workers_prefill_through_it_when_on(monkeypatch, module, on):
     worker = cls.__new__(cls)
     worker.__dict__.update(_async_prefill=on, _states={}, _clock=StepClock(), _held=None,
                            _late_seq_lens=False, _issued=collections.deque(),
-                           _ledger=LaunchLedger(gap_s=60))
+                           ledger=LaunchLedger(gap_s=60))
     batch = extend_batch()
     worker.forward_batch_generation(batch)
     idle = extend_batch()
@@ -145,7 +145,7 @@ def test_workers_prefill_through_it_when_on(monkeypatch, module, on):
     worker.forward_batch_generation(idle)
     assert seen == ["ours" if on else "dflash", "dflash"]
     if module == "sglang_adaptive_worker":  # the prefill's launch is in the ledger, idle is not
-        assert worker._ledger._last[1:] == ("p", len(batch.seq_lens))
+        assert worker.ledger._last[1:] == ("p", len(batch.seq_lens))
 
 
 

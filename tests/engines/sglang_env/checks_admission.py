@@ -42,15 +42,17 @@ def test_the_hooked_method_is_sglangs():
                    "running_batch.batch_is_full"):
         assert member in raw, member
     assert "self.max_running_requests" in inspect.getsource(Scheduler)
+    assert "self.draft_worker = DraftWorkerClass(" in inspect.getsource(Scheduler)  # `cost`
     assert callable(Scheduler.get_num_allocatable_reqs)
 
 
-def scheduler(name, waiting, running_bs=32, max_running=64, chunked=None):
+def scheduler(name, waiting, running_bs=32, max_running=64, chunked=None, ledger=None):
     batch = types.SimpleNamespace(batch_size=lambda: running_bs, is_prefill_only=False)
     s = types.SimpleNamespace(
         spec_algorithm=types.SimpleNamespace(name=name), waiting_queue=[object()] * waiting,
         max_running_requests=max_running, chunked_req=chunked,
-        get_num_allocatable_reqs=lambda bs: max_running - bs)
+        get_num_allocatable_reqs=lambda bs: max_running - bs,
+        draft_worker=types.SimpleNamespace(ledger=ledger))
     return s, batch
 
 
@@ -110,3 +112,39 @@ def test_the_hook_is_installed_only_when_on(monkeypatch):
 
     assert_installed_only_when_on(monkeypatch, sa, sa.around_get_new_batch_prefill,
                                   "DFLASH_BATCH_ADMISSION", "auto")
+
+
+@OLD_ONLY
+def test_cost_holds_by_the_workers_ledger(monkeypatch):
+    """`cost`: the hold size from the adaptive worker's ledger (a real `LaunchLedger`: 2.5-ms
+    steps, a 6-ms pass of 2 after every other step) for the requests in flight: 7 or 8 at 32
+    (one fewer waiting is held, that many admitted); 1 (never held) from a ledger that has
+    measured nothing yet and without a ledger (light loads: `tests/dflash/test_admission.py`)."""
+    from sglang.srt.managers.schedule_batch import NextBatchPlan
+
+    from dflash_plugin.adaptive import LaunchLedger
+    from dflash_plugin.admission import hold_size_from_ledger
+    from dflash_plugin.engines import sglang_admission as sa
+
+    led, t = LaunchLedger(gap_s=1.0, decay=0.9), 0.0
+    for i in range(400):
+        led.launch(t, "d", 32)
+        if i % 2:
+            led.launch(t + 0.0035, "p", 2)
+            t += 0.0085
+        else:
+            t += 0.0025
+    k = hold_size_from_ledger(led, 32)
+    assert k in (7, 8)
+    monkeypatch.setitem(sa._SETTLED, "size", "cost")
+
+    def original(sched, running_batch):
+        return NextBatchPlan(batch_to_run="prefill", running_batch=running_batch)
+
+    held = sa.around_get_new_batch_prefill(original, *scheduler(
+        "DFLASH_ADAPTIVE", waiting=k - 1, running_bs=33 - k, ledger=led))
+    assert held.batch_to_run is None
+    for sched, batch in (scheduler("DFLASH_ADAPTIVE", waiting=k, running_bs=32 - k, ledger=led),
+                         scheduler("DFLASH_ADAPTIVE", waiting=1, ledger=LaunchLedger()),
+                         scheduler("DFLASH_ADAPTIVE", waiting=1, running_bs=31)):
+        assert sa.around_get_new_batch_prefill(original, sched, batch).batch_to_run == "prefill"
