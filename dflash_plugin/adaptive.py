@@ -286,14 +286,17 @@ class LaunchLedger:
             self.admitted += self._last[2]  # 0 after a decode
         self._last = (now, kind, requests if kind == "p" else 0)
 
+    def mean_ms(self, kind: str) -> float | None:
+        """The mean ms of `kind`'s intervals ('dd', 'dp' or 'p.'); None before the first."""
+        return 1e3 * self.s[kind] / self.n[kind] if self.n[kind] else None
+
     def summary(self) -> dict:
         """Per kind the intervals and their mean ms, the share of the counted wall time, the
         mean requests per prefill pass and per decode launch, the sums behind them and the
         recent admissions per decode launch."""
         total = sum(self.s.values())
-        out = {k: {"n": self.n[k], "ms": round(1e3 * self.s[k] / self.n[k], 2) if self.n[k]
-                   else None, "share": round(self.s[k] / total, 3) if total else None}
-               for k in self.n}
+        out = {k: {"n": self.n[k], "ms": round(self.mean_ms(k), 2) if self.n[k] else None,
+                   "share": round(self.s[k] / total, 3) if total else None} for k in self.n}
         passes = self.n["p."]
         out["per_prefill"] = round(self.admitted / passes, 2) if passes else None
         launches, rows = self.decodes

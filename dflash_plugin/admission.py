@@ -21,7 +21,7 @@ from .errors import require
 
 
 def hold_size(step_ms: float, pass_ms: float, arrivals: float, clients: int,
-                   k_max: int = 16, tol: float = 0.03) -> int:
+              k_max: int = 16, tol: float = 0.03) -> int:
     """The smallest K in 1..min(k_max, clients) whose R(K) (module docstring) is within `tol`
     of the largest; 1 when nothing arrives, a pass costs nothing or fewer than 2 are in
     flight."""
@@ -36,13 +36,11 @@ def hold_size(step_ms: float, pass_ms: float, arrivals: float, clients: int,
 
 
 def hold_size_from_ledger(ledger, clients: int, k_max: int = 16, min_steps: int = 50,
-                     min_passes: int = 10) -> int:
-    """`hold_size` from a `LaunchLedger`'s means (seconds there, ms here) and its decayed
-    admission rate; 1 until it has `min_steps` decode-to-decode intervals and `min_passes`
-    prefill passes."""
-    n, s = ledger.n, ledger.s
-    if n["dd"] < min_steps or n["p."] < min_passes:
+                          min_passes: int = 10) -> int:
+    """`hold_size` from a `LaunchLedger`'s mean intervals and its decayed admission rate; 1
+    until it has `min_steps` decode-to-decode intervals and `min_passes` prefill passes."""
+    if ledger.n["dd"] < min_steps or ledger.n["p."] < min_passes:
         return 1
-    step = 1e3 * s["dd"] / n["dd"]
-    extra = max(0.0, 1e3 * s["dp"] / n["dp"] - step) if n["dp"] else 0.0
-    return hold_size(step, 1e3 * s["p."] / n["p."] + extra, ledger.rate, clients, k_max)
+    step, dp = ledger.mean_ms("dd"), ledger.mean_ms("dp")
+    extra = max(0.0, dp - step) if dp is not None else 0.0
+    return hold_size(step, ledger.mean_ms("p.") + extra, ledger.rate, clients, k_max)
