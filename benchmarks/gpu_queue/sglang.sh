@@ -6,6 +6,9 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
+# 2026-12-07: no machine started in 23 requests over two hours (H100 and H200) (the device budget went to the
+#   refusals); the steps owed below are unchanged. With under 8 minutes of device time, run
+#   goal-adm alone: it answers the question (the cost hold at the sweep's limit) directly.
 # Owed as of 2026-12-06 late (that session ran prefill-append-unit, passed, goal-steady and
 #   solo 32-request servers by hand: BENCHMARKS.md "Steady load"; rows run 16 waves by default
 #   since, so goal-cuts and goal-ctx4096 are goal-steady now), most wanted
@@ -430,7 +433,8 @@ step goal-steady 600 python3 benchmarks/gpu_adaptive_sglang.py all --waves 16 \
 #       K = 10 (0.284 at K = 1, 0.136 at 4, 0.117 at 8, 0.115 at 10; arithmetic, not measured;
 #       `cost` takes the smallest K within 3 % of the best: 8 there); about 400 s;
 #     goal-adm: the goal's table with DFLASH_BATCH_ADMISSION=$ADM (default cost; ADM=auto if
-#       steady-admission favours it; about 320 s)
+#       steady-admission favours it; about 320 s; adaptive first, so that a run cut short by the
+#       device's time keeps the row in question)
 step solo-32 400 python3 benchmarks/gpu_adaptive_sglang.py all --modes plain,dflash,adaptive \
     --concurrency 32 --repeats 3 --out "$R/solo-32" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
@@ -445,7 +449,7 @@ step steady-admission-8 300 env DFLASH_BATCH_ADMISSION=8 python3 \
     benchmarks/gpu_adaptive_sglang.py all --modes adaptive --concurrency 16,32,64 --repeats 2 \
     --out "$R/steady-admission-8" --config benchmarks/results/gpu-engines/tune-sglang.json
 step goal-adm 600 env DFLASH_BATCH_ADMISSION=${ADM:-cost} python3 benchmarks/gpu_adaptive_sglang.py all \
-    --modes plain,dflash,adaptive --out "$R/goal-adm" \
+    --modes adaptive,plain,dflash --out "$R/goal-adm" \
     --config benchmarks/results/gpu-engines/tune-sglang.json
 # 1q. the goal's table at the defaults with the host cuts (on by default since 2026-12-06 night):
 #     plain, DFLASH and adaptive at 1-64 requests, one start each, outputs of 128 tokens, then
