@@ -6,9 +6,9 @@
 # JIT cache (its first engine start compiles for 2-4 min).
 #   R=/tmp/res bash benchmarks/gpu_queue/sglang.sh      # then: tail $R/queue.log
 #   STEPS="dllm-prepare dllm-lowconf" R=/tmp/res bash benchmarks/gpu_queue/sglang.sh  # some steps
-# 2026-12-07: no machine started in 23 requests over two hours (H100 and H200) (the device budget went to the
-#   refusals); the steps owed below are unchanged. With under 8 minutes of device time, run
-#   goal-adm alone: it answers the question (the cost hold at the sweep's limit) directly.
+# 2026-12-07 (second session, H100): goal-adm (twice), steady-admission and solo-32 ran
+#   (BENCHMARKS.md "Admission by cost"); DFLASH_BATCH_ADMISSION=cost is the default since, so
+#   the steps that set it only pin it. Still owed below: steady-admission-8 and the rest.
 # Owed as of 2026-12-06 late (that session ran prefill-append-unit, passed, goal-steady and
 #   solo 32-request servers by hand: BENCHMARKS.md "Steady load"; rows run 16 waves by default
 #   since, so goal-cuts and goal-ctx4096 are goal-steady now), most wanted
