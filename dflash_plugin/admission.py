@@ -13,7 +13,10 @@ request's first token, so no more than pays); 1 admits every request at once. On
 (2026-12-06) at 32 requests: D about 2.5 ms, P about 6 ms, a about 1.1: K = 8 (R 8.57 against
 3.52 at K = 1); at 4 requests (a about 0.14) K = 1. D, P and a come from the adaptive server's
 `LaunchLedger`: the mean decode-to-decode interval, the mean prefill-to-next interval plus what
-a decode followed by a prefill takes over D, and its decayed admissions per decode launch."""
+a decode followed by a prefill takes over D, and its decayed admissions per decode launch.
+Measured (H100, 2026-12-07, BENCHMARKS.md "Admission by cost"): 6.8-7.5 requests per pass at
+32 requests and 22,420 -> 26,773-28,230 tok/s, where a fixed K = 4 made 28,576-28,732: the
+model's P over-states what a pass of several requests adds, so its K is about twice the best."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ def register() -> None:
     """The `sglang.srt.plugins` entry point `dflash_plugin` (loaded by SGLang's launcher, engine,
     scheduler and detokenizer; SGLang's loader logs a failure). Idempotent: registers the
     speculative algorithms DFLASH_TREE (with its CUDA-graph capture hook) and DFLASH_ADAPTIVE
-    once, and unless `DFLASH_FAST_DECODE_PREP` is 0 / with `DFLASH_BATCH_ADMISSION` on their
+    once, and unless `DFLASH_FAST_DECODE_PREP` / `DFLASH_BATCH_ADMISSION` is 0 their
     decode-step preparation and admission hooks (`sglang_decode_prep`, `sglang_admission`)."""
     from . import (
         sglang_adaptive,

@@ -11,21 +11,20 @@ pass of one request, and with speculation a request finishes every few steps: on
 and ours ran at 0.79-0.89x plain SGLang, while at 64 of 64 (admissions batched by SGLang's rule)
 they ran at 0.99-1.09x.
 
-`DFLASH_BATCH_ADMISSION=K` (K >= 2; `auto`: SGLang's number above; `cost`: DFLASH_ADAPTIVE's
-K at each pass from its launch ledger, the measured step and pass costs and arrival rate, by
-`admission.hold_size`: 1, no hold, at light loads) holds a scheduler pass's new prefill
-while the running batch decodes, fewer than min(K, free slots) requests wait, and fewer than K
-passes have been held since the last admission; so a request waits at most K
-decode steps, and admissions come about K at a time. 0 (default): SGLang's scheduling. Outputs
-do not depend on it (requests are decoded alone; only when they start changes). Installed as a
-HookRegistry AROUND hook on `Scheduler.get_new_batch_prefill` only when on; it acts on our
-algorithms' servers only. On an H100 (2026-12-06 evening) the fixture's adaptive servers with
-`auto` admitted more requests per pass but were not faster at 32 requests beyond the spread of
-server starts (a held request's slot idles meanwhile), hence off by default. Those rows were
-closed loops of 2 waves, where SGLang's own rule did not pay either; at steady load (16 waves,
-2026-12-06 late) servers whose limit SGLang's rule acted at (limit 32, 4.4-4.8 requests per
-pass) made 31,210 tok/s at 32 requests against 21,058-25,361 with room for 64 (1.5-1.7 per
-pass): this hook at steady load is the next measurement (queue step `steady-admission`).
+`DFLASH_BATCH_ADMISSION=K` (K >= 2; `auto`: SGLang's number above; `cost`, the default:
+DFLASH_ADAPTIVE's K at each pass from its launch ledger, the measured step and pass costs and
+arrival rate, by `admission.hold_size`: 1, no hold, at light loads) holds a scheduler pass's
+new prefill while the running batch decodes, fewer than min(K, free slots) requests wait, and
+fewer than K passes have been held since the last admission; so a request waits at most K
+decode steps, and admissions come about K at a time. 0: SGLang's scheduling. Outputs do not
+depend on it (requests are decoded alone; only when they start changes). Installed as a
+HookRegistry AROUND hook on `Scheduler.get_new_batch_prefill` unless 0; it acts on our
+algorithms' servers only (`cost` on DFLASH_ADAPTIVE's, the one with a ledger), SGLang's pass
+runs untouched on every other server. Why `cost` is the default (H100, fixture, limit 64, 16
+waves, 2026-12-07, BENCHMARKS.md "Admission by cost"): at 32 requests the adaptive server
+made 22,420-22,571 tok/s with 0, 28,576-28,732 with `auto` and 26,773-28,230 with `cost`; the
+goal's table with `cost` met max(plain, DFLASH) at 1-64 requests in two starts (1.05-1.29x),
+while `auto` held light loads too and lost at 4-16 requests in 2-wave loops (2026-12-06).
 """
 
 from __future__ import annotations
@@ -43,9 +42,9 @@ _SETTLED: dict = {}
 
 
 def size_from_env(environ=os.environ) -> int | str:
-    """`DFLASH_BATCH_ADMISSION`: 0 (default, off), an integer K >= 2, 'auto' or 'cost'; a
-    `ConfigError` otherwise."""
-    raw = environ.get(ENV, "0").strip().lower() or "0"
+    """`DFLASH_BATCH_ADMISSION`: 'cost' (default, also when blank), 'auto', 0 (off) or an
+    integer K >= 2; a `ConfigError` otherwise."""
+    raw = environ.get(ENV, "").strip().lower() or "cost"
     if raw in ("auto", "cost"):
         return raw
     try:
@@ -98,7 +97,7 @@ def around_get_new_batch_prefill(original, scheduler, running_batch):
 
 
 def register_hook() -> bool:
-    """Install the AROUND hook once when `DFLASH_BATCH_ADMISSION` is on (HookRegistry applies
+    """Install the AROUND hook once unless `DFLASH_BATCH_ADMISSION` is 0 (HookRegistry applies
     it in `load_plugins`); True when it is installed."""
     _SETTLED["size"] = size_from_env()
     if _SETTLED["size"] == 0:

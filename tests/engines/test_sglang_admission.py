@@ -10,9 +10,10 @@ from dflash_plugin.errors import ConfigError
 
 
 def test_flag_values():
-    """Unset or blank is 0 (off); auto; cost; integers >= 2; anything else (1, negative, words) a
-    ConfigError naming the variable and the allowed values."""
-    assert size_from_env({}) == 0 and size_from_env({"DFLASH_BATCH_ADMISSION": " "}) == 0
+    """Unset or blank is cost (the default); 0 (off); auto; integers >= 2; anything else (1,
+    negative, words) a ConfigError naming the variable and the allowed values."""
+    assert size_from_env({}) == "cost" and size_from_env({"DFLASH_BATCH_ADMISSION": " "}) == "cost"
+    assert size_from_env({"DFLASH_BATCH_ADMISSION": "0"}) == 0
     assert size_from_env({"DFLASH_BATCH_ADMISSION": "AUTO"}) == "auto"
     assert size_from_env({"DFLASH_BATCH_ADMISSION": "4"}) == 4
     assert size_from_env({"DFLASH_BATCH_ADMISSION": "Cost"}) == "cost"

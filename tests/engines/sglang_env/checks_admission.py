@@ -106,12 +106,19 @@ def test_hook_leaves_others_alone(monkeypatch):
 
 
 @OLD_ONLY
-def test_the_hook_is_installed_only_when_on(monkeypatch):
+def test_the_hook_is_installed_unless_off(monkeypatch):
+    """Not at 0; once at auto; by default (unset: cost) too."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
     from dflash_plugin.engines import sglang_admission as sa
     from tests.engines.sglang_env.hooks import assert_installed_only_when_on
 
     assert_installed_only_when_on(monkeypatch, sa, sa.around_get_new_batch_prefill,
                                   "DFLASH_BATCH_ADMISSION", "auto")
+    HookRegistry._hooks.clear()
+    monkeypatch.delenv("DFLASH_BATCH_ADMISSION")
+    assert sa.register_hook() and sa._SETTLED["size"] == "cost"
+    assert [h for _, h, _ in HookRegistry._hooks[sa.TARGET]] == [sa.around_get_new_batch_prefill]
 
 
 @OLD_ONLY
