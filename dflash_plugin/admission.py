@@ -16,7 +16,8 @@ request's first token, so no more than pays); 1 admits every request at once. On
 a decode followed by a prefill takes over D, and its decayed admissions per decode launch.
 Measured (H100, 2026-12-07, BENCHMARKS.md "Admission by cost"): 6.8-7.5 requests per pass at
 32 requests and 22,420 -> 26,773-28,230 tok/s, where a fixed K = 4 made 28,576-28,732: the
-model's P over-states what a pass of several requests adds, so its K is about twice the best."""
+model's P over-states what a pass of several requests adds, so its K is about twice a K that
+did as well (only 0, 4 and this K were measured)."""
 
 from __future__ import annotations
 
